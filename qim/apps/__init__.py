@@ -1,0 +1,5 @@
+"""Faust apps, one per topic group: the only modules that wire agents, tables and topics."""
+
+APP_MODULES: tuple[str, ...] = ("qim.apps.conversation", "qim.apps.mailbox")
+
+__all__ = ["APP_MODULES"]

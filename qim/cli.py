@@ -1,0 +1,66 @@
+"""`qim`: the operator's entry point (the local stack now; tokens, groups, audit, replay later)."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+
+import click
+
+from qim.devstack.stack import Stack
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def main() -> None:
+    """Operate a qim installation: the local stack and, later, tokens, groups, audit, replay."""
+
+
+@main.command()
+@click.option(
+    "--foreground/--detach",
+    default=False,
+    help="Stay in the foreground and stop everything on Ctrl-C (the README's run command).",
+)
+def up(foreground: bool) -> None:
+    """Start Redis, Kafka, the topics and one worker of each app on 127.0.0.1."""
+    stack = Stack()
+    try:
+        stack.up()
+    except (RuntimeError, TimeoutError) as exc:
+        click.echo(f"qim up failed: {exc}", err=True)
+        stack.down()
+        sys.exit(1)
+    click.echo(json.dumps(stack.status(), indent=2))
+    click.echo(f"qim is up: Kafka {stack.cfg.kafka.bootstrap}, Redis {stack.cfg.redis.url}")
+    if not foreground:
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    click.echo("Press Ctrl-C to stop.")
+    stop.wait()
+    click.echo("stopping ...")
+    stack.down()
+
+
+@main.command()
+def down() -> None:
+    """Stop everything `qim up` started."""
+    Stack().down()
+    click.echo("qim is down")
+
+
+@main.command()
+def status() -> None:
+    """Show which local processes run and whether they answer; exit 1 if any is not ready."""
+    st = Stack().status()
+    click.echo(json.dumps(st, indent=2))
+    ok = st["kafka"]["answers_metadata"] and st["redis"]["answers_ping"]
+    ok = ok and all(w["health"] and w["health"].get("ready") for w in st["workers"].values())
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,208 @@
+"""The whole local system on loopback: Redis, Kafka, the topics, one worker of each app.
+
+`qim up` / `qim down` / `qim status` and the test suite all go through `Stack`, so what the README
+runs and what the tests run are the same processes started the same way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from qim.devstack import kafka, procs, redis
+from qim.streams import ALL_TOPICS, TopicSpec
+
+ROOT = kafka.ROOT
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    """One `faust worker` process of one app module."""
+
+    name: str
+    module: str
+    web_port: int
+
+
+@dataclass(frozen=True)
+class StackConfig:
+    base_dir: Path = ROOT / ".run"
+    kafka_port: int = 19092
+    controller_port: int = 19093
+    redis_port: int = 16379
+    kafka_heap_mb: int = 512
+    partition_counts: dict[str, int] = field(
+        default_factory=lambda: {
+            "conversation_partition_count": 16,
+            "mailbox_shard_count": 64,
+            "connection_shard_count": 256,
+        }
+    )
+    workers: tuple[WorkerSpec, ...] = (
+        WorkerSpec("conversation-1", "qim.apps.conversation", 16066),
+        WorkerSpec("mailbox-1", "qim.apps.mailbox", 16067),
+    )
+
+    @property
+    def kafka(self) -> kafka.KafkaConfig:
+        return kafka.KafkaConfig(
+            base_dir=self.base_dir / "kafka",
+            port=self.kafka_port,
+            controller_port=self.controller_port,
+            heap_mb=self.kafka_heap_mb,
+        )
+
+    @property
+    def redis(self) -> redis.RedisConfig:
+        return redis.RedisConfig(base_dir=self.base_dir / "redis", port=self.redis_port)
+
+    def env(self) -> dict[str, str]:
+        """What every qim process of this stack gets in its environment."""
+        return {
+            "QIM_KAFKA_BOOTSTRAP": self.kafka.bootstrap,
+            "QIM_REDIS_URL": self.redis.url,
+        }
+
+    def for_tests(self, base_dir: Path) -> StackConfig:
+        """A private stack on free ports, so tests never touch a developer's running stack."""
+        return replace(
+            self,
+            base_dir=base_dir,
+            kafka_port=procs.free_port(),
+            controller_port=procs.free_port(),
+            redis_port=procs.free_port(),
+        )
+
+
+async def ensure_topics(
+    bootstrap: str, specs: tuple[TopicSpec, ...], counts: dict[str, int]
+) -> list[str]:
+    """Create the declared topics that do not exist yet; return the names created."""
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        existing = set(await admin.list_topics())
+        new = [
+            NewTopic(s.name, s.partitions(counts), 1, topic_configs=s.config())
+            for s in specs
+            if s.name not in existing
+        ]
+        if new:
+            await admin.create_topics(new)
+        return [t.name for t in new]
+    finally:
+        await admin.close()
+
+
+def _json_object(raw: bytes) -> dict[str, Any] | None:
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def worker_health(port: int) -> dict[str, Any] | None:
+    """The worker's `/healthz` answer (200 ready, 503 not ready), or None if it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2) as resp:
+            return _json_object(resp.read())
+    except urllib.error.HTTPError as err:
+        return _json_object(err.read())
+    except OSError:
+        return None
+
+
+def worker_argv(module: str, datadir: Path, web_port: int) -> list[str]:
+    """`faust -A <module> worker` with web on loopback (`--datadir` must precede `worker`)."""
+    return [
+        sys.executable, "-m", "faust", "-A", module,
+        "--datadir", str(datadir), "--loglevel", "info", "worker",
+        "--web-bind", "127.0.0.1", "--web-host", "127.0.0.1", "--web-port", str(web_port),
+    ]  # fmt: skip
+
+
+def wait_worker_ready(port: int, pid: int, log_file: Path, *, timeout_s: float, what: str) -> None:
+    def ready() -> bool:
+        h = worker_health(port)
+        return bool(h and h.get("ready"))
+
+    try:
+        procs.wait_until(
+            ready,
+            timeout_s=timeout_s,
+            what=what,
+            interval_s=0.2,
+            alive=lambda: procs.pid_alive(pid),
+        )
+    except (TimeoutError, RuntimeError) as exc:
+        raise RuntimeError(f"{exc}\n{procs.tail(log_file, 60)}") from exc
+
+
+class Stack:
+    def __init__(self, cfg: StackConfig | None = None) -> None:
+        self.cfg = cfg or StackConfig()
+
+    def _worker_dir(self, w: WorkerSpec) -> Path:
+        return self.cfg.base_dir / "workers" / w.name
+
+    def start_services(self) -> None:
+        """Redis and Kafka, then the declared topics."""
+        redis.start(self.cfg.redis)
+        kafka.start(self.cfg.kafka)
+        asyncio.run(ensure_topics(self.cfg.kafka.bootstrap, ALL_TOPICS, self.cfg.partition_counts))
+
+    def start_worker(self, w: WorkerSpec, *, timeout_s: float = 120.0) -> None:
+        wdir = self._worker_dir(w)
+        pid_file, log_file = wdir / "worker.pid", wdir / "worker.log"
+        pid = procs.read_pid(pid_file)
+        if pid is None:
+            argv = worker_argv(w.module, wdir / "data", w.web_port)
+            env = {**os.environ, **self.cfg.env()}
+            pid = procs.spawn(argv, pid_file=pid_file, log_file=log_file, cwd=ROOT, env=env)
+        wait_worker_ready(w.web_port, pid, log_file, timeout_s=timeout_s, what=f"{w.name} ready")
+
+    def stop_worker(self, w: WorkerSpec) -> bool:
+        return procs.stop_pid(self._worker_dir(w) / "worker.pid", timeout_s=30.0)
+
+    def up(self) -> None:
+        self.start_services()
+        for w in self.cfg.workers:
+            self.start_worker(w)
+
+    def down(self) -> None:
+        for w in self.cfg.workers:
+            self.stop_worker(w)
+        kafka.stop(self.cfg.kafka)
+        redis.stop(self.cfg.redis)
+
+    def status(self) -> dict[str, Any]:
+        workers = {}
+        for w in self.cfg.workers:
+            alive = procs.read_pid(self._worker_dir(w) / "worker.pid") is not None
+            workers[w.name] = {
+                "running": alive,
+                "health": worker_health(w.web_port) if alive else None,
+            }
+        return {
+            "kafka": {
+                "running": kafka.is_running(self.cfg.kafka),
+                "bootstrap": self.cfg.kafka.bootstrap,
+                "answers_metadata": kafka.metadata_ok("127.0.0.1", self.cfg.kafka_port),
+            },
+            "redis": {
+                "running": redis.is_running(self.cfg.redis),
+                "url": self.cfg.redis.url,
+                "answers_ping": redis.ping(self.cfg.redis_port),
+            },
+            "workers": workers,
+        }

@@ -1,0 +1,111 @@
+"""Every Kafka topic of the pipeline, declared once (direction.md section 3).
+
+The dispatch, presence, user-requests and to-gateway topics are partitioned explicitly by shard id
+(never by key hash), so their partition counts are the shard counts and may never change without a
+resharding procedure (spec 5.5). `topology.md` renders from these declarations.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Cleanup = Literal["delete", "compact"]
+
+HOUR_MS = 3_600_000
+DAY_MS = 24 * HOUR_MS
+
+
+@dataclass(frozen=True)
+class TopicSpec:
+    """One topic: who writes it, who reads it, how it is partitioned and kept."""
+
+    name: str
+    partitions_param: str
+    partitioned_by: str
+    key: str
+    cleanup: Cleanup
+    retention_ms: int | None
+    producer: str
+    consumer: str
+
+    def partitions(self, counts: dict[str, int]) -> int:
+        return counts[self.partitions_param]
+
+    def config(self) -> dict[str, str]:
+        cfg: dict[str, str] = {"cleanup.policy": self.cleanup}
+        if self.retention_ms is not None:
+            cfg["retention.ms"] = str(self.retention_ms)
+        return cfg
+
+
+CONVERSATION_REQUESTS = TopicSpec(
+    name="qim.conversation-requests",
+    partitions_param="conversation_partition_count",
+    partitioned_by="conversation (key hash)",
+    key="(tenant, conversation_id)",
+    cleanup="delete",
+    retention_ms=DAY_MS,
+    producer="ConnectionNode",
+    consumer="ConversationWriter",
+)
+OUTBOX = TopicSpec(
+    name="qim.outbox",
+    partitions_param="conversation_partition_count",
+    partitioned_by="conversation (key hash), same count as conversation requests",
+    key="(tenant, conversation_id)",
+    cleanup="delete",
+    # >= mailbox retention (Appendix B mailbox_retention_days = 7) plus a day of margin.
+    retention_ms=8 * DAY_MS,
+    producer="ConversationWriter",
+    consumer="FanoutCoordinator, HistoryArchiver",
+)
+DISPATCH = TopicSpec(
+    name="qim.dispatch",
+    partitions_param="mailbox_shard_count",
+    partitioned_by="explicit partition = mailbox_shard_id",
+    key="(tenant, dispatch_id) or (tenant, user_id)",
+    cleanup="delete",
+    retention_ms=8 * DAY_MS,
+    producer="FanoutCoordinator, ConnectionNode (user-state commands)",
+    consumer="MailboxNode",
+)
+PRESENCE = TopicSpec(
+    name="qim.presence",
+    partitions_param="mailbox_shard_count",
+    partitioned_by="explicit partition = mailbox_shard_id of the user",
+    key="(tenant, user_id, device_id)",
+    cleanup="compact",
+    retention_ms=None,
+    producer="ConnectionNode (sole writer)",
+    consumer="MailboxNode",
+)
+USER_REQUESTS = TopicSpec(
+    name="qim.user-requests",
+    partitions_param="mailbox_shard_count",
+    partitioned_by="explicit partition = mailbox_shard_id of the user",
+    key="(tenant, user_id)",
+    cleanup="delete",
+    retention_ms=HOUR_MS,
+    producer="ConnectionNode",
+    consumer="MailboxNode (reads: auth sync, pull mailbox, session list)",
+)
+TO_GATEWAY = TopicSpec(
+    name="qim.to-gateway",
+    partitions_param="connection_shard_count",
+    partitioned_by="explicit partition = connection_shard_id",
+    key="(tenant, user_id)",
+    cleanup="delete",
+    retention_ms=HOUR_MS,
+    producer="ConversationWriter, MailboxNode",
+    consumer="ConnectionNode owning the ConnectionShard",
+)
+
+ALL_TOPICS: tuple[TopicSpec, ...] = (
+    CONVERSATION_REQUESTS,
+    OUTBOX,
+    DISPATCH,
+    PRESENCE,
+    USER_REQUESTS,
+    TO_GATEWAY,
+)
