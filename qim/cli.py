@@ -62,5 +62,41 @@ def status() -> None:
     sys.exit(0 if ok else 1)
 
 
+@main.group()
+def topics() -> None:
+    """The declared Kafka topics (qim/streams)."""
+
+
+@topics.command("create")
+@click.option(
+    "--bootstrap", envvar="QIM_KAFKA_BOOTSTRAP", default="127.0.0.1:19092", show_default=True
+)
+def topics_create(bootstrap: str) -> None:
+    """Create every declared topic that does not exist yet (idempotent)."""
+    import asyncio
+
+    from qim.devstack.stack import StackConfig, ensure_topics
+    from qim.streams import ALL_TOPICS
+
+    created = asyncio.run(ensure_topics(bootstrap, ALL_TOPICS, StackConfig().partition_counts))
+    click.echo("created: " + (", ".join(created) if created else "nothing (all exist)"))
+
+
+@main.command()
+@click.option("--check", is_flag=True, help="Exit 1 if topology.md differs from the code.")
+def topology(check: bool) -> None:
+    """Regenerate the generated blocks of topology.md from the code (or only check them)."""
+    from qim import topology as topo
+
+    if check:
+        if not topo.check():
+            click.echo("topology.md is stale: run `qim topology`", err=True)
+            sys.exit(1)
+        click.echo("topology.md is current")
+        return
+    topo.write()
+    click.echo(f"wrote {topo.TOPOLOGY_MD}")
+
+
 if __name__ == "__main__":
     main()
