@@ -15,6 +15,8 @@ from typing import Any
 import faust
 from faust.web import Request, Response, View
 
+from qim.params import Settings
+
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
 
 # RocksDB's default block cache is 2 GiB per partition DB; a 64-partition table would claim the
@@ -35,6 +37,7 @@ def kafka_bootstrap(env: Mapping[str, str] | None = None) -> str:
 def make_app(app_id: str, *, env: Mapping[str, str] | None = None, **overrides: Any) -> faust.App:
     """A Faust app with qim's fixed settings; `overrides` are for tests and special workers."""
     env = os.environ if env is None else env
+    params = Settings.load(env=env)
     settings: dict[str, Any] = {
         "broker": f"kafka://{kafka_bootstrap(env)}",
         "store": "rocksdb://",
@@ -46,7 +49,8 @@ def make_app(app_id: str, *, env: Mapping[str, str] | None = None, **overrides: 
         "web_bind": "127.0.0.1",
         "web_host": "127.0.0.1",
         "web_in_thread": False,
-        "broker_session_timeout": float(env.get("QIM_SESSION_TIMEOUT_S", "15")),
+        # The group's session timeout is the shard lease (direction.md 4.1, B.1 shard_lease_ttl).
+        "broker_session_timeout": params.shard_lease_ttl / 1000.0,
         "broker_heartbeat_interval": 3.0,
         "stream_wait_empty": False,
         "consumer_auto_offset_reset": "earliest",

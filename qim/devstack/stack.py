@@ -17,9 +17,24 @@ from pathlib import Path
 from typing import Any
 
 from qim.devstack import kafka, procs, redis
+from qim.params import Settings
 from qim.streams import ALL_TOPICS, TopicSpec
 
 ROOT = kafka.ROOT
+
+
+# Not in Appendix B: the design fixes no partition count for the conversation-side topics.
+CONVERSATION_PARTITION_COUNT = 16
+
+
+def default_partition_counts() -> dict[str, int]:
+    """Partition counts of the declared topics: the shard counts come from qim.params."""
+    params = Settings.load()
+    return {
+        "conversation_partition_count": CONVERSATION_PARTITION_COUNT,
+        "mailbox_shard_count": params.mailbox_shard_count,
+        "connection_shard_count": params.connection_shard_count,
+    }
 
 
 @dataclass(frozen=True)
@@ -38,13 +53,7 @@ class StackConfig:
     controller_port: int = 19093
     redis_port: int = 16379
     kafka_heap_mb: int = 512
-    partition_counts: dict[str, int] = field(
-        default_factory=lambda: {
-            "conversation_partition_count": 16,
-            "mailbox_shard_count": 64,
-            "connection_shard_count": 256,
-        }
-    )
+    partition_counts: dict[str, int] = field(default_factory=lambda: default_partition_counts())
     workers: tuple[WorkerSpec, ...] = (
         WorkerSpec("conversation-1", "qim.apps.conversation", 16066),
         WorkerSpec("mailbox-1", "qim.apps.mailbox", 16067),
@@ -78,6 +87,7 @@ class StackConfig:
             kafka_port=procs.free_port(),
             controller_port=procs.free_port(),
             redis_port=procs.free_port(),
+            workers=tuple(replace(w, web_port=procs.free_port()) for w in self.workers),
         )
 
 

@@ -98,3 +98,36 @@ def test_faust_rocksdb_table_recovers_from_changelog(stack: Stack, tmp_path: Pat
         assert worker.get("/counts") == expected
     finally:
         worker.stop()
+
+
+def test_app_workers_start_and_report_healthy(stack: Stack) -> None:
+    """The README's run command starts these same workers; each must reach /healthz ready."""
+    try:
+        for w in stack.cfg.workers:
+            stack.start_worker(w)
+        status = stack.status()
+        for w in stack.cfg.workers:
+            health = status["workers"][w.name]["health"]
+            assert health is not None and health["ready"] is True, health
+            assert health["crashed_agents"] == []
+    finally:
+        for w in stack.cfg.workers:
+            stack.stop_worker(w)
+    assert all(not w["running"] for w in stack.status()["workers"].values())
+
+
+def test_a_crashed_agent_makes_the_worker_unhealthy(stack: Stack, tmp_path: Path) -> None:
+    bootstrap = stack.cfg.kafka.bootstrap
+    run_id = uuid.uuid4().hex[:8]
+    topic, app_id = f"it-crash-{run_id}", f"it-crash-{run_id}"
+    create_topic(bootstrap, topic, 4)
+    env = {"QIM_TEST_APP_ID": app_id, "QIM_TEST_TOPIC": topic}
+    worker = FaustWorker(stack, "tests.integration.faust_apps.counter", tmp_path / "w", env)
+    worker.start()
+    try:
+        assert worker.health()["ready"] is True
+        produce(bootstrap, topic, [(b"user-1", b"crash")])
+        wait_for(lambda: worker.health()["ready"] is False, 60, "/healthz to report the crash")
+        assert worker.health()["crashed_agents"] == ["tests.integration.faust_apps.counter.count"]
+    finally:
+        worker.stop()

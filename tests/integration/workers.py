@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qim.devstack import procs
-from qim.devstack.stack import ROOT, Stack, wait_worker_ready, worker_argv
+from qim.devstack.stack import ROOT, Stack, wait_worker_ready, worker_argv, worker_health
 
 
 class FaustWorker:
@@ -43,6 +43,12 @@ class FaustWorker:
     def wipe_state(self) -> None:
         """Delete the local RocksDB stores, so only the changelog can bring the state back."""
         shutil.rmtree(self.datadir, ignore_errors=True)
+
+    def health(self) -> dict[str, Any]:
+        """The `/healthz` body, whether it says ready (200) or not (503)."""
+        h = worker_health(self.web_port)
+        assert h is not None, f"worker on {self.web_port} does not answer /healthz"
+        return h
 
     def get(self, path: str) -> Any:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}{path}", timeout=5) as r:

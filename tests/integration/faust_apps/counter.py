@@ -28,6 +28,8 @@ counts = app.Table("counts", default=int, partitions=PARTITIONS, options=dict(RO
 async def count(stream):  # type: ignore[no-untyped-def]
     """Count events per key; the table's changelog is what a restarted worker recovers from."""
     async for event in stream.events():
+        if event.value == b"crash":
+            raise RuntimeError("crash requested by the test")
         key = event.key.decode()
         counts[key] += 1
 
