@@ -9,6 +9,7 @@ import threading
 
 import click
 
+from qim.auth.cli import token
 from qim.devstack.stack import Stack
 
 
@@ -97,6 +98,8 @@ def topology(check: bool) -> None:
     topo.write()
     click.echo(f"wrote {topo.TOPOLOGY_MD}")
 
+
+main.add_command(token)
 
 if __name__ == "__main__":
     main()
