@@ -54,6 +54,10 @@ def make_app(app_id: str, *, env: Mapping[str, str] | None = None, **overrides: 
         "broker_heartbeat_interval": 3.0,
         "stream_wait_empty": False,
         "consumer_auto_offset_reset": "earliest",
+        # A group formed before a new topic's metadata reached the broker gets an empty
+        # assignment; aiokafka rebalances when a metadata refresh shows the topic, so refresh
+        # often (the default is 5 minutes, during which the worker would look ready and idle).
+        "consumer_metadata_max_age_ms": 5000,
         "autodiscover": False,
     }
     settings.update(overrides)

@@ -127,12 +127,20 @@ def _java_cp(cfg: KafkaConfig) -> str:
     return f"{cfg.libs}/*"
 
 
+def new_cluster_id() -> str:
+    """A 22-character base64url UUID, as Kafka's own `random-uuid`; never starting with "-",
+    which the storage tool's argument parser would take for an option."""
+    while True:
+        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cid.startswith("-"):
+            return cid
+
+
 def _format_storage(cfg: KafkaConfig) -> None:
     """Format the KRaft log dir once; the cluster id is kept so restarts keep their data."""
     cid_file = cfg.base_dir / "cluster.id"
     if not cid_file.exists():
-        cid = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
-        cid_file.write_text(cid)
+        cid_file.write_text(new_cluster_id())
     cmd = [
         "java", "-cp", _java_cp(cfg), "kafka.tools.StorageTool", "format",
         "-t", cid_file.read_text().strip(), "-c", str(cfg.base_dir / "server.properties"),

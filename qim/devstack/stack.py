@@ -108,9 +108,34 @@ async def ensure_topics(
         ]
         if new:
             await admin.create_topics(new)
+            await wait_topics_visible(admin, {t.name: t.num_partitions for t in new})
         return [t.name for t in new]
     finally:
         await admin.close()
+
+
+async def wait_topics_visible(
+    admin: Any, partitions: dict[str, int], timeout_s: float = 30
+) -> None:
+    """Wait until the broker's metadata lists each topic with all partitions led.
+
+    Consumers that join a group before that point can get an empty assignment.
+    """
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        described = await admin.describe_topics(list(partitions))
+        ready = {
+            d["topic"]
+            for d in described
+            if d.get("error_code") == 0
+            and len([p for p in d.get("partitions", ()) if p.get("leader", -1) >= 0])
+            == partitions[d["topic"]]
+        }
+        if ready == set(partitions):
+            return
+        if asyncio.get_running_loop().time() > deadline:
+            raise TimeoutError(f"topics not visible in metadata: {set(partitions) - ready}")
+        await asyncio.sleep(0.1)
 
 
 def _json_object(raw: bytes) -> dict[str, Any] | None:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from qim.devstack.stack import wait_topics_visible
 
 
 def create_topic(bootstrap: str, name: str, partitions: int, **configs: str) -> None:
@@ -17,6 +19,7 @@ def create_topic(bootstrap: str, name: str, partitions: int, **configs: str) -> 
         await admin.start()
         try:
             await admin.create_topics([NewTopic(name, partitions, 1, topic_configs=configs)])
+            await wait_topics_visible(admin, {name: partitions})
         finally:
             await admin.close()
 
@@ -92,8 +95,14 @@ def group_caught_up(bootstrap: str, group: str, topic: str) -> bool:
     return asyncio.run(run())
 
 
-def wait_for(check: object, timeout_s: float, what: str, interval_s: float = 0.25) -> None:
-    """Poll a zero-argument callable until it returns truthy."""
+def wait_for(
+    check: object,
+    timeout_s: float,
+    what: str,
+    interval_s: float = 0.25,
+    diagnose: Callable[[], str] | None = None,
+) -> None:
+    """Poll a zero-argument callable until it returns truthy; `diagnose` adds context on failure."""
     assert callable(check)
     deadline = time.monotonic() + timeout_s
     last: object = None
@@ -102,4 +111,5 @@ def wait_for(check: object, timeout_s: float, what: str, interval_s: float = 0.2
         if last:
             return
         time.sleep(interval_s)
-    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}")
+    extra = f"\n{diagnose()}" if diagnose is not None else ""
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}; last: {last!r}{extra}")

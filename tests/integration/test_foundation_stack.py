@@ -65,7 +65,12 @@ def test_faust_rocksdb_table_recovers_from_changelog(stack: Stack, tmp_path: Pat
     worker.start()
     try:
         produce(bootstrap, topic, records)
-        wait_for(lambda: worker.get("/counts") == expected, 60, "table to count every event")
+        wait_for(
+            lambda: worker.get("/counts") == expected,
+            60,
+            "table to count every event",
+            diagnose=lambda: f"{worker.get('/counts')}\n{worker.log_tail()}",
+        )
         # Offsets committed up to the end: a restart must not reprocess anything.
         wait_for(lambda: group_caught_up(bootstrap, app_id, topic), 60, "offset commit")
     finally:
@@ -87,7 +92,12 @@ def test_faust_rocksdb_table_recovers_from_changelog(stack: Stack, tmp_path: Pat
         more = [(f"user-{i % 3}".encode(), b"late") for i in range(30)]
         produce(bootstrap, topic, more)
         expected.update(k.decode() for k, _ in more)
-        wait_for(lambda: worker.get("/counts") == expected, 60, "counts after restart")
+        wait_for(
+            lambda: worker.get("/counts") == expected,
+            60,
+            "counts after restart",
+            diagnose=lambda: f"{worker.get('/counts')}\n{worker.log_tail()}",
+        )
         wait_for(lambda: group_caught_up(bootstrap, app_id, topic), 60, "offset commit")
     finally:
         worker.stop()

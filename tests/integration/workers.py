@@ -50,6 +50,9 @@ class FaustWorker:
         assert h is not None, f"worker on {self.web_port} does not answer /healthz"
         return h
 
+    def log_tail(self, lines: int = 80) -> str:
+        return f"--- {self.log_file} ---\n{procs.tail(self.log_file, lines)}"
+
     def get(self, path: str) -> Any:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.web_port}{path}", timeout=5) as r:
             return json.loads(r.read())
