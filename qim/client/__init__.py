@@ -1,0 +1,94 @@
+"""The async Python SDK of the qim client protocol (App. A frames over WebSocket or TLS/TCP).
+
+Usage::
+
+    from qim.client import QimClient
+
+    async with QimClient() as client:
+        ok = await client.connect("qim+tls://im.example.com", access_token, "phone-1")
+        seq = cursor_seq  # the local cursor's last_applied_mailbox_seq (0 on a new device)
+        while seq < ok.sync_to_seq:  # login sync (§9.3); nothing to pull if not has_offline
+            batch = await client.pull_mailbox(seq, up_to_seq=ok.sync_to_seq)
+            seq = batch.covered_through_seq  # after applying batch.entries
+        await client.sync_complete(ok.sync_to_seq)  # -> ONLINE_READY
+        ack = await client.send_message("g:team", b"hello")
+        async for frame in client.events():  # PUSH_EVENTS, KICKED, SESSION_DELTA, ...
+            print(frame.name, frame.body)
+
+URL schemes (:mod:`qim.client.dial`): ``ws://``, ``wss://`` (one frame per binary message) and
+``qim+tls://host[:443]`` (TLS 1.3, ALPN ``qim/1``, a byte stream of frames). In-process servers
+and unit tests use :class:`MemoryNetwork` / :class:`MemoryTransport` through ``dial=``.
+
+The client follows one REDIRECT (presenting its route token, see :mod:`qim.client.auth`),
+raises :class:`QimError` for ERROR frames, sends PING every ``next_ping_interval_ms``
+(:class:`HeartbeatConfig`), and fails every pending request with
+:class:`ConnectionClosedError` when the connection ends.
+"""
+
+from qim.client.auth import AuthWithRouteToken, encode_auth, route_token_of
+from qim.client.client import DEFAULT_CLIENT_VERSION, QimClient
+from qim.client.correlate import EXPECTED_REPLIES, RequestTable
+from qim.client.dial import Dialer, Endpoint, open_transport, parse_url, resolve_hint
+from qim.client.errors import (
+    ConnectionClosedError,
+    IllegalTransition,
+    QimClientError,
+    QimError,
+    RequestTimeout,
+    TooManyRedirects,
+    TransportClosed,
+    TransportError,
+    UnexpectedFrame,
+)
+from qim.client.framing import FramedConnection
+from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
+from qim.client.state import TRANSITIONS, ClientEvent, ClientState, ClientStateMachine
+from qim.client.transport import (
+    ALPN_QIM,
+    MAX_MESSAGE_BYTES,
+    MemoryNetwork,
+    MemoryTransport,
+    TlsTransport,
+    Transport,
+    WebSocketTransport,
+    tls_client_context,
+)
+
+__all__ = [
+    "ALPN_QIM",
+    "DEFAULT_CLIENT_VERSION",
+    "EXPECTED_REPLIES",
+    "MAX_MESSAGE_BYTES",
+    "TRANSITIONS",
+    "AuthWithRouteToken",
+    "ClientEvent",
+    "ClientState",
+    "ClientStateMachine",
+    "ConnectionClosedError",
+    "Dialer",
+    "Endpoint",
+    "FramedConnection",
+    "HeartbeatConfig",
+    "HeartbeatState",
+    "IllegalTransition",
+    "MemoryNetwork",
+    "MemoryTransport",
+    "QimClient",
+    "QimClientError",
+    "QimError",
+    "RequestTable",
+    "RequestTimeout",
+    "TlsTransport",
+    "TooManyRedirects",
+    "Transport",
+    "TransportClosed",
+    "TransportError",
+    "UnexpectedFrame",
+    "WebSocketTransport",
+    "encode_auth",
+    "open_transport",
+    "parse_url",
+    "resolve_hint",
+    "route_token_of",
+    "tls_client_context",
+]

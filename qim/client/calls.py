@@ -1,0 +1,161 @@
+# ruff: noqa: ASYNC109  # timeout= is the reply deadline of one request (see client.py)
+"""Typed calls for the request frames of App. A.3, each awaiting its A.4 reply.
+
+Thin on purpose: build the body the spec lists, send it through ``_call`` (request_id
+correlation, ERROR -> QimError, timeouts - all in :class:`~qim.client.QimClient`) and return
+the typed reply. The server side of most of these lands in later work; the bodies here follow
+A.3 field for field so it plugs in unchanged.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import TypeVar
+
+from qim.client.errors import UnexpectedFrame
+from qim.schemas.frames import (
+    Body,
+    CreateGroup,
+    HistoryBatch,
+    LeaveGroup,
+    MailboxBatch,
+    MemberListBatch,
+    OnlineReady,
+    PullHistory,
+    PullMailbox,
+    PullMembers,
+    PullSessionList,
+    SendAck,
+    SendMessage,
+    SessionListBatch,
+    SyncComplete,
+)
+
+__all__ = ["FrameCalls"]
+
+R = TypeVar("R", bound=Body)
+
+
+class FrameCalls:
+    """Mixin of :class:`~qim.client.QimClient`: one method per request frame."""
+
+    async def _call(self, body: Body, reply: type[R], timeout: float | None) -> R:
+        raise NotImplementedError
+
+    async def send_message(
+        self,
+        conversation_id: str,
+        payload: bytes = b"",
+        *,
+        client_message_id: str | None = None,
+        message_type: int = 0,
+        custom_type: str = "",
+        mention_targets: tuple[str, ...] = (),
+        reply_to_conversation_seq: int | None = None,
+        timeout: float | None = None,
+    ) -> SendAck:
+        """SEND_MESSAGE (A.3 #4) -> SEND_ACK; ``client_message_id`` defaults to a fresh uuid4.
+
+        Resend with the same ``client_message_id`` to retry idempotently (§8, 7200 s window).
+        """
+        cmid = client_message_id or uuid.uuid4().hex
+        body = SendMessage(
+            client_message_id=cmid,
+            conversation_id=conversation_id,
+            message_type=message_type,
+            custom_type=custom_type,
+            payload=payload,
+            mention_targets=mention_targets,
+            reply_to_conversation_seq=reply_to_conversation_seq,
+        )
+        ack = await self._call(body, SendAck, timeout)
+        if ack.client_message_id != cmid:  # A.4 #6: must echo it
+            raise UnexpectedFrame(f"SEND_ACK echoes {ack.client_message_id!r}, sent {cmid!r}")
+        return ack
+
+    async def pull_mailbox(
+        self,
+        after_seq: int,
+        *,
+        up_to_seq: int = 0,
+        max_items: int = 0,
+        max_bytes: int = 0,
+        acked_seq: int = 0,
+        timeout: float | None = None,
+    ) -> MailboxBatch:
+        """PULL_MAILBOX (A.3 #2) -> MAILBOX_BATCH; ``up_to_seq=0`` = the lane's watermark."""
+        body = PullMailbox(
+            after_seq=after_seq,
+            up_to_seq=up_to_seq,
+            max_items=max_items,
+            max_bytes=max_bytes,
+            acked_seq=acked_seq,
+        )
+        return await self._call(body, MailboxBatch, timeout)
+
+    async def sync_complete(self, sync_to_seq: int, *, timeout: float | None = None) -> OnlineReady:
+        """SYNC_COMPLETE (A.3 #3) -> ONLINE_READY, or QimError SYNC_INCOMPLETE (§9.3.4)."""
+        return await self._call(SyncComplete(sync_to_seq=sync_to_seq), OnlineReady, timeout)
+
+    async def pull_history(
+        self,
+        conversation_id: str,
+        *,
+        direction: str = "older",
+        anchor_conversation_seq: int = 0,
+        limit: int = 0,
+        max_bytes: int = 0,
+        timeout: float | None = None,
+    ) -> HistoryBatch:
+        """PULL_HISTORY (A.3 #5) -> HISTORY_BATCH; ``direction`` is "older" or "newer"."""
+        if direction not in ("older", "newer"):
+            raise ValueError(f"direction must be 'older' or 'newer', not {direction!r}")
+        body = PullHistory(
+            conversation_id=conversation_id,
+            direction=direction,
+            anchor_conversation_seq=anchor_conversation_seq,
+            limit=limit,
+            max_bytes=max_bytes,
+        )
+        return await self._call(body, HistoryBatch, timeout)
+
+    async def pull_session_list(
+        self,
+        *,
+        snapshot_revision: int = 0,
+        page_cursor: bytes = b"",
+        limit: int = 0,
+        timeout: float | None = None,
+    ) -> SessionListBatch:
+        """PULL_SESSION_LIST (A.3 #6) -> SESSION_LIST_BATCH."""
+        body = PullSessionList(
+            snapshot_revision=snapshot_revision, page_cursor=page_cursor, limit=limit
+        )
+        return await self._call(body, SessionListBatch, timeout)
+
+    async def create_group(
+        self, group_id: str, member_ids: tuple[str, ...] = (), *, timeout: float | None = None
+    ) -> MemberListBatch:
+        """CREATE_GROUP (A.3 #21) -> MEMBER_LIST_BATCH; ``member_ids`` are invitees only."""
+        body = CreateGroup(group_id=group_id, member_ids=tuple(member_ids))
+        return await self._call(body, MemberListBatch, timeout)
+
+    async def leave_group(self, group_id: str, *, timeout: float | None = None) -> MemberListBatch:
+        """LEAVE_GROUP (A.3 #22) -> MEMBER_LIST_BATCH (empty members, total_hint after)."""
+        return await self._call(LeaveGroup(group_id=group_id), MemberListBatch, timeout)
+
+    async def pull_members(
+        self,
+        conversation_id: str,
+        *,
+        filter: str = "all",
+        query: str = "",
+        offset: int = 0,
+        limit: int = 0,
+        timeout: float | None = None,
+    ) -> MemberListBatch:
+        """PULL_MEMBERS (A.3 #20) -> MEMBER_LIST_BATCH; ``filter`` all|admin|banned|search."""
+        body = PullMembers(
+            conversation_id=conversation_id, filter=filter, query=query, offset=offset, limit=limit
+        )
+        return await self._call(body, MemberListBatch, timeout)
