@@ -11,6 +11,7 @@ import click
 
 from qim.auth.cli import token
 from qim.devstack.stack import Stack
+from qim.gateway.cli import gateway
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -100,6 +101,7 @@ def topology(check: bool) -> None:
 
 
 main.add_command(token)
+main.add_command(gateway)
 
 if __name__ == "__main__":
     main()

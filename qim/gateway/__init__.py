@@ -1,1 +1,82 @@
+"""ConnectionNode: the client-facing gateway (spec §5.1, §5.3-5.4, §15, §20.1, App. A).
 
+Layers, pure first:
+
+* ``states`` / ``session`` / ``login`` / ``actions``: one connection as a sans-I/O object
+  (bytes and time in, actions out), its login barrier as a transition table;
+* ``outbound`` (stream scheduling), ``devices`` (replacement, device cap), ``admission``
+  (per-IP rate), ``wheel`` (lazy timeouts), ``presence`` (the PresenceEntry record),
+  ``windows`` (windowed metrics): pure rules, time as an argument;
+* ``connection``, ``ws``, ``tcp``, ``listeners``, ``node``, ``logins``, ``presence_writer``,
+  ``metrics``, ``cli``: the thin I/O around them.
+
+``ownership`` (Kafka group ownership of ConnectionShards) plugs into the ``Ownership`` seam.
+"""
+
+from qim.gateway.actions import Action, Authenticate, Close, CloseReason, Count, Forward, Send
+from qim.gateway.admission import ConnectAdmission, Refusal
+from qim.gateway.auth_memory import MemoryAuthenticator
+from qim.gateway.config import GatewayConfig
+from qim.gateway.connection import Connection, Transport
+from qim.gateway.devices import Admission, DeviceRegistry, Kick
+from qim.gateway.metrics import GatewayMetrics
+from qim.gateway.node import ConnectionNode
+from qim.gateway.outbound import OutboundQueue
+from qim.gateway.ports import (
+    Authenticator,
+    AuthGrant,
+    AuthRejected,
+    AuthRequest,
+    OwnAll,
+    Ownership,
+    PresenceSink,
+    RouteToken,
+)
+from qim.gateway.presence import PresenceEntry, PresenceKey, decode_presence, encode_presence
+from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
+from qim.gateway.session import Session, SessionConfig
+from qim.gateway.states import TRANSITIONS, ConnState, Event, IllegalTransition
+from qim.gateway.wheel import TimingWheel
+
+__all__ = [
+    "TRANSITIONS",
+    "Action",
+    "Admission",
+    "AuthGrant",
+    "AuthRejected",
+    "AuthRequest",
+    "Authenticate",
+    "Authenticator",
+    "Close",
+    "CloseReason",
+    "ConnState",
+    "ConnectAdmission",
+    "Connection",
+    "ConnectionNode",
+    "Count",
+    "DeviceRegistry",
+    "Event",
+    "Forward",
+    "GatewayConfig",
+    "GatewayMetrics",
+    "IllegalTransition",
+    "KafkaPresenceWriter",
+    "Kick",
+    "MemoryAuthenticator",
+    "MemoryPresence",
+    "OutboundQueue",
+    "OwnAll",
+    "Ownership",
+    "PresenceEntry",
+    "PresenceKey",
+    "PresenceSink",
+    "Refusal",
+    "RouteToken",
+    "Send",
+    "Session",
+    "SessionConfig",
+    "TimingWheel",
+    "Transport",
+    "decode_presence",
+    "encode_presence",
+]

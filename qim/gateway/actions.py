@@ -1,0 +1,76 @@
+"""What a sans-I/O :class:`~qim.gateway.session.Session` asks its driver to do.
+
+The session never touches a socket, a clock or a service: it returns a list of these and the
+driver (``connection.py``) performs them in order. Tests read the list directly.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+from qim.gateway.ports import AuthRequest
+from qim.schemas.frames import PROTOCOL_VERSION, Body, Frame
+
+__all__ = ["Action", "Authenticate", "Close", "CloseReason", "Count", "Forward", "Send"]
+
+
+class CloseReason(Enum):
+    """Why a connection ended; the label of ``connections_closed_total{reason}``."""
+
+    PROTOCOL_ERROR = "protocol_error"  # framing, decoding, direction (§20.1)
+    NOT_AUTHENTICATED = "not_authenticated"  # a frame other than AUTH before AUTH_OK
+    DUPLICATE_AUTH = "duplicate_auth"  # AUTH while one is in flight / for another device
+    AUTH_FAILED = "auth_failed"  # AuthService refused the token or client
+    UNAUTH_TIMEOUT = "unauth_timeout"  # unauth_connection_timeout (B.4)
+    IDLE_TIMEOUT = "idle_timeout"  # idle_timeout (B.4, §15.1.3)
+    KICKED = "kicked"  # KICKED sent (replaced, revoked ...)
+    REDIRECTED = "redirected"  # REDIRECT sent (§5.3.2)
+    REFUSED = "refused"  # SHARD_MOVED / RATE_LIMITED after a good token
+    SLOW_CONSUMER = "slow_consumer"  # send buffer over conn_send_hard_watermark (§11.3)
+    PEER_CLOSED = "peer_closed"
+    SHUTDOWN = "shutdown"
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    """Encode ``body`` and queue it; ``stream`` None = the frame's A.5 default stream."""
+
+    body: Body
+    request_id: int = 0
+    stream: int | None = None
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Flush what is queued (the ERROR/KICKED just sent) and close the transport."""
+
+    reason: CloseReason
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Authenticate:
+    """Call the authenticator; feed the result back (auth_accepted / auth_rejected)."""
+
+    request: AuthRequest
+    renewal: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Forward:
+    """An authenticated business frame for the node's routing (later issues)."""
+
+    frame: Frame
+
+
+@dataclass(frozen=True, slots=True)
+class Count:
+    """A counter to bump: ``unknown_opcode_dropped``, ``ping``, ``ping_probe`` ..."""
+
+    name: str
+    label: str = ""
+
+
+Action = Send | Close | Authenticate | Forward | Count

@@ -1,0 +1,149 @@
+"""``qim gateway``: run one ConnectionNode (register with ``main.add_command(gateway)``).
+
+Authentication is the Redis-backed AuthService (``--redis-url`` / ``QIM_REDIS_URL``);
+``--dev-auth`` swaps in the in-process MemoryAuthenticator for experiments. With a Kafka
+bootstrap the node publishes presence and takes ConnectionShards through the gateways' consumer
+group (``qim.gateway.ownership``); without one it owns every shard and publishes nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import click
+
+from qim.gateway.auth_memory import MemoryAuthenticator
+from qim.gateway.config import GatewayConfig
+from qim.gateway.node import ConnectionNode
+from qim.gateway.ports import Authenticator, OwnAll, Ownership
+from qim.params import Settings
+
+__all__ = ["gateway", "run_gateway", "serve_gateway"]
+
+log = logging.getLogger(__name__)
+
+
+async def serve_gateway(
+    config: GatewayConfig,
+    *,
+    redis_url: str | None = None,
+    dev_auth: bool = False,
+    group_id: str | None = "qim-gateways",
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Run until ``stop`` is set (or forever), then close connections and flush presence."""
+    close_auth: Callable[[], Awaitable[None]] | None = None
+    authenticator: Authenticator
+    if dev_auth:
+        authenticator = MemoryAuthenticator()
+    elif redis_url:
+        from qim.gateway.auth_adapter import connect_auth_service
+
+        authenticator, close_auth = await connect_auth_service(redis_url, config.settings)
+    else:
+        raise click.UsageError("AUTH needs --redis-url (QIM_REDIS_URL) or --dev-auth")
+
+    node: ConnectionNode | None = None
+    ownership: Ownership = OwnAll(config.advertised_endpoint)
+    membership = None
+    if config.kafka_bootstrap and group_id:
+        from qim.gateway.ownership import ShardOwnership
+
+        def revoked(shards: set[int]) -> None:
+            if node is not None:
+                node.drop_shards(shards)
+
+        membership = ShardOwnership(
+            config.kafka_bootstrap,
+            group_id,
+            config.advertised_endpoint,
+            session_timeout_ms=int(config.settings.shard_lease_ttl),
+            on_revoked=revoked,
+        )
+        ownership = membership
+    node = ConnectionNode(config, authenticator, ownership=ownership)
+    try:
+        if membership is not None:
+            await membership.start()
+            with contextlib.suppress(TimeoutError):  # serve anyway; unowned shards redirect
+                await asyncio.wait_for(membership.wait_assigned(), 30)
+        await node.start()
+        ports = node.listeners
+        log.info(
+            "ConnectionNode %s: ws=%s tls=%s metrics=%s",
+            config.node_id, ports.ws_port, ports.tls_port, ports.metrics_port,
+        )  # fmt: skip
+        await (stop or asyncio.Event()).wait()
+    finally:
+        await node.stop()
+        if membership is not None:
+            await membership.stop()
+        if close_auth is not None:
+            await close_auth()
+
+
+def run_gateway(config: GatewayConfig, **options: object) -> None:
+    """Blocking entry point: serve until SIGINT/SIGTERM."""
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await serve_gateway(config, stop=stop, **options)  # type: ignore[arg-type]
+
+    asyncio.run(main())
+
+
+@click.command("gateway")
+@click.option("--node-id", default=lambda: f"gw-{socket.gethostname()}", show_default="gw-HOST")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Listen address.")
+@click.option("--ws-port", type=int, default=8080, show_default=True, help="-1 disables it.")
+@click.option("--tls-port", type=int, default=-1, show_default=True, help="qim/1 over TLS.")
+@click.option("--metrics-port", type=int, default=9108, show_default=True, help="-1 disables.")
+@click.option("--cert", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option("--key", type=click.Path(exists=True, path_type=Path), default=None)
+@click.option("--advertise", default="", help="Endpoint for preferred_endpoint / REDIRECT.")
+@click.option("--kafka-bootstrap", envvar="QIM_KAFKA_BOOTSTRAP", default=None)
+@click.option("--redis-url", envvar="QIM_REDIS_URL", default=None)
+@click.option("--group-id", default="qim-gateways", show_default=True)
+@click.option("--dev-auth", is_flag=True, help="In-process tokens (never in production).")
+def gateway(
+    node_id: str,
+    host: str,
+    ws_port: int,
+    tls_port: int,
+    metrics_port: int,
+    cert: Path | None,
+    key: Path | None,
+    advertise: str,
+    kafka_bootstrap: str | None,
+    redis_url: str | None,
+    group_id: str,
+    dev_auth: bool,
+) -> None:
+    """Run a ConnectionNode: WebSocket and TLS/TCP (ALPN qim/1) listeners, /metrics."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        config = GatewayConfig(
+            node_id=node_id,
+            host=host,
+            ws_port=None if ws_port < 0 else ws_port,
+            tls_port=None if tls_port < 0 else tls_port,
+            metrics_port=None if metrics_port < 0 else metrics_port,
+            certfile=cert,
+            keyfile=key,
+            advertised_endpoint=advertise,
+            kafka_bootstrap=kafka_bootstrap,
+            settings=Settings.load(),
+        )
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    run_gateway(config, redis_url=redis_url, dev_auth=dev_auth, group_id=group_id)

@@ -1,0 +1,109 @@
+"""Configuration of one ConnectionNode: listeners, identity, and the App. B values it uses.
+
+Every timing and limit default comes from :class:`qim.params.Settings` (App. B); the fields
+that tests shrink (``unauth_connection_timeout_ms``, ``idle_timeout_ms`` ...) are explicit
+overrides, None meaning "the Settings value".
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from qim.gateway.session import SessionConfig
+from qim.params import Settings
+from qim.schemas.frames import HEADER_SIZE, Limits
+
+__all__ = ["GatewayConfig", "is_loopback"]
+
+
+def is_loopback(host: str) -> bool:
+    """True for 127.0.0.0/8, ::1 and 'localhost' (plain ws is only allowed there, §15.4.1)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass(frozen=True)
+class GatewayConfig:
+    """One node. Ports: None = listener off, 0 = a free port (tests)."""
+
+    node_id: str
+    host: str = "127.0.0.1"
+    ws_port: int | None = 0
+    tls_port: int | None = None
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int | None = None
+    certfile: Path | None = None
+    keyfile: Path | None = None
+    advertised_endpoint: str = ""  # AUTH_OK.preferred_endpoint / REDIRECT.endpoint_hint
+    kafka_bootstrap: str | None = None  # None: presence is not published (unit tests)
+    presence_topic: str = "qim.presence"
+    settings: Settings = field(default_factory=Settings.load)
+    unauth_connection_timeout_ms: int | None = None
+    next_ping_interval_ms: int | None = None
+    idle_timeout_ms: int | None = None
+    wheel_tick_ms: int | None = None
+    presence_lease_renew_ms: int | None = None
+    close_flush_timeout_ms: int = 2_000
+
+    def __post_init__(self) -> None:
+        tls = self.certfile is not None and self.keyfile is not None
+        if (self.certfile is None) != (self.keyfile is None):
+            raise ValueError("certfile and keyfile go together")
+        if self.ws_port is not None and not tls and not is_loopback(self.host):
+            raise ValueError(
+                "plain ws only on loopback: no link without TLS may carry traffic (§15.4.1)"
+            )
+        if self.tls_port is not None and not tls:
+            raise ValueError("the qim/1 TCP listener needs certfile and keyfile (TLS, §20.1)")
+
+    @property
+    def tls(self) -> bool:
+        return self.certfile is not None
+
+    @property
+    def ping_interval_ms(self) -> int:
+        """The ceiling the server issues in PONG/AUTH_OK (§15.1.3); background max by default,
+        so a client may climb to any tier of §15.1.2 and the idle cut still covers it."""
+        if self.next_ping_interval_ms is not None:
+            return self.next_ping_interval_ms
+        return int(self.settings.ping_interval_max_background)
+
+    def session_config(self) -> SessionConfig:
+        s = self.settings
+        unauth = self.unauth_connection_timeout_ms
+        idle = self.idle_timeout_ms
+        return SessionConfig(
+            unauth_timeout_ms=int(s.unauth_connection_timeout) if unauth is None else unauth,
+            next_ping_interval_ms=self.ping_interval_ms,
+            idle_timeout_ms=(
+                s.idle_timeout.for_ping_interval(self.ping_interval_ms) if idle is None else idle
+            ),
+            frag_assembly_timeout_ms=int(s.frag_assembly_timeout),
+            limits=Limits(
+                max_frame_bytes=s.max_frame_bytes,
+                custom_type_max_bytes=s.custom_type_max_bytes,
+                rtc_signal_max_bytes=s.rtc_signal_max_bytes,
+                presence_sub_max_targets=s.presence_sub_max_targets,
+            ),
+        )
+
+    @property
+    def max_message_bytes(self) -> int:
+        """Largest WebSocket message: one frame of max_frame_bytes."""
+        return HEADER_SIZE + int(self.settings.max_frame_bytes)
+
+    @property
+    def wheel_tick(self) -> int:
+        tick = self.wheel_tick_ms
+        return int(self.settings.heartbeat_wheel_tick) if tick is None else tick
+
+    @property
+    def lease_renew_ms(self) -> int:
+        renew = self.presence_lease_renew_ms
+        return int(self.settings.presence_lease_renew) if renew is None else renew

@@ -1,0 +1,193 @@
+"""What happens between AUTH and AUTH_OK on a ConnectionNode (§5.3.2, §5.4, §15.2, §15.3.1).
+
+1. AuthService validates the token and allocates session_epoch (the only Redis access of a
+   connection's life, direction.md §1). A refusal becomes ERROR{TOKEN_EXPIRED | TOKEN_REVOKED
+   | UPGRADE_REQUIRED{minimum_client_version} | PERMISSION_DENIED} + close.
+2. Ownership: the user's ConnectionShard must be ours. If not: REDIRECT{route_token,
+   connection_shard, endpoint_hint, exp} + close; if the client already presented a route
+   token (it followed its one redirect, ``redirect_max_per_connection`` = 1): ERROR{SHARD_MOVED,
+   retry_after_ms} + close (§5.3.2).
+3. Devices: the registry replaces the same device_id (larger epoch wins) or evicts the least
+   recently active beyond ``max_devices_per_user``; the losers get KICKED.
+4. AUTH_OK, then the PresenceEntry (after AUTH_OK, §7.10); an evicted device's entry is
+   tombstoned first.
+
+A failure of ours (AuthService unreachable) is not the client's fault: ERROR{RATE_LIMITED,
+retry_after_ms} with jitter, the back-off instruction §15.2.3 uses for server-side pressure.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from qim.gateway.actions import Authenticate
+from qim.gateway.devices import DeviceRegistry
+from qim.gateway.metrics import GatewayMetrics
+from qim.gateway.ports import Authenticator, AuthGrant, AuthRejected, Ownership, PresenceSink
+from qim.gateway.presence import PresenceEntry, PresenceKey
+from qim.gateway.states import ConnState
+from qim.schemas import connection_shard_id, lane_id, user_bucket
+from qim.schemas.frames import Error, ErrorCode, Redirect
+
+if TYPE_CHECKING:
+    from qim.gateway.config import GatewayConfig
+    from qim.gateway.connection import Connection
+
+__all__ = ["LoginFlow", "jittered"]
+
+log = logging.getLogger(__name__)
+
+
+def jittered(base_ms: int, jitter: float = 0.3) -> int:
+    """base × (1 ± jitter): never the same retry_after_ms for everyone (§15.2.3)."""
+    return max(1, int(base_ms * (1 + random.uniform(-jitter, jitter))))
+
+
+class LoginFlow:
+    """Runs one AUTH to its end; owned by the ConnectionNode."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        authenticator: Authenticator,
+        ownership: Ownership,
+        registry: DeviceRegistry[Connection],
+        presence: PresenceSink,
+        metrics: GatewayMetrics,
+        clock_ms: Callable[[], int],
+    ) -> None:
+        self.config = config
+        self.auth = authenticator
+        self.ownership = ownership
+        self.registry = registry
+        self.presence = presence
+        self.metrics = metrics
+        self.clock_ms = clock_ms
+        s = config.settings
+        self._vbc = int(s.virtual_bucket_count)
+        self._conn_shards = int(s.connection_shard_count)
+        self._lanes = int(s.lane_count)
+        self._lease_ttl = int(s.presence_lease_ttl)
+        self._route_ttl = int(s.route_token_ttl)
+        self.backoff_ms = int(s.reconnect_backoff.initial_ms)
+
+    async def run(self, conn: Connection, action: Authenticate) -> None:
+        request = action.request
+        try:
+            if action.renewal:
+                current = conn.session.grant
+                assert current is not None
+                grant = await self.auth.renew(request, current)
+                if (grant.tenant_id, grant.user_id, grant.device_id) != (
+                    current.tenant_id,
+                    current.user_id,
+                    current.device_id,
+                ):
+                    raise AuthRejected(ErrorCode.PERMISSION_DENIED, "token of another identity")
+            else:
+                grant = await self.auth.authenticate(request)
+        except AuthRejected as exc:
+            self.metrics.on_auth(exc.code.name.lower())
+            conn.apply(conn.session.auth_rejected(exc.to_error(), self.clock_ms()))
+            return
+        except Exception:
+            log.exception("authenticator failed for %r", conn)
+            self.metrics.on_auth("internal_error")
+            error = Error(
+                code=int(ErrorCode.RATE_LIMITED),
+                retry_after_ms=jittered(self.backoff_ms),
+                detail="authentication temporarily unavailable",
+            )
+            conn.apply(conn.session.auth_rejected(error, self.clock_ms()))
+            return
+        if action.renewal:
+            self._accept(conn, grant, request.now_ms)
+        else:
+            await self._first_login(conn, grant, request.now_ms)
+
+    def shard_of(self, tenant_id: str, user_id: str) -> int:
+        """The user's ConnectionShard (§5.2)."""
+        return connection_shard_id(user_bucket(tenant_id, user_id, self._vbc), self._conn_shards)
+
+    async def _first_login(self, conn: Connection, grant: AuthGrant, started_ms: int) -> None:
+        shard = self.shard_of(grant.tenant_id, grant.user_id)
+        if not self.ownership.owns(shard):
+            await self._redirect(conn, grant, shard, grant.redirected)
+            return
+        if conn.session.state is not ConnState.AUTHENTICATING:
+            return  # closed meanwhile (unauth timeout, peer gone): nothing to register
+        now = self.clock_ms()
+        admission = self.registry.admit(
+            grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch, conn, now
+        )
+        if not admission.admitted:
+            self.metrics.on_auth("stale_session_epoch")
+        for kick in admission.kicks:
+            self.metrics.kicked.labels(reason=kick.reason).inc()
+            kick.conn.apply(kick.conn.session.kick(kick.reason, kick.replaced_by_device, now))
+            if admission.admitted and kick.device_id != grant.device_id:
+                self.presence.tombstone(PresenceKey(grant.tenant_id, grant.user_id, kick.device_id))
+                self.metrics.presence.labels(kind="tombstone").inc()
+        if not admission.admitted:
+            return
+        self._accept(conn, grant, started_ms)
+        self.publish(conn, shard)
+
+    def _accept(self, conn: Connection, grant: AuthGrant, started_ms: int) -> None:
+        now = self.clock_ms()
+        lane = lane_id(grant.tenant_id, grant.user_id, self._lanes)
+        conn.apply(
+            conn.session.auth_accepted(
+                grant, now_ms=now, lane_id=lane, preferred_endpoint=self.config.advertised_endpoint
+            )
+        )
+        self.metrics.on_auth("ok", latency_ms=now - started_ms)
+        self.metrics.ping_interval.observe(conn.session.config.next_ping_interval_ms)
+
+    async def _redirect(
+        self, conn: Connection, grant: AuthGrant, shard: int, redirected: bool
+    ) -> None:
+        now = self.clock_ms()
+        body: Redirect | Error
+        if redirected:  # the one redirect was spent: back off instead (§5.3.2)
+            body = Error(
+                code=int(ErrorCode.SHARD_MOVED),
+                retry_after_ms=jittered(self.backoff_ms),
+                detail=f"connection_shard {shard} is not served here",
+            )
+            self.metrics.on_auth("shard_moved")
+        else:
+            token = await self.auth.issue_route_token(grant, shard, now)
+            body = Redirect(
+                route_token=b"" if token is None else token.token,
+                connection_shard=shard,
+                endpoint_hint=self.ownership.owner_endpoint(shard) or "",
+                exp=now + self._route_ttl if token is None else token.exp_ms,
+            )
+            self.metrics.on_auth("redirect")
+        conn.apply(conn.session.refuse(body, self.clock_ms()))
+
+    def publish(self, conn: Connection, shard: int | None = None) -> None:
+        """Write (or renew) the PresenceEntry of an online connection."""
+        grant = conn.session.grant
+        if grant is None or conn.session.closed:
+            return
+        if shard is None:
+            shard = self.shard_of(grant.tenant_id, grant.user_id)
+        entry = PresenceEntry(
+            tenant_id=grant.tenant_id,
+            user_id=grant.user_id,
+            device_id=grant.device_id,
+            connection_id=conn.conn_id,
+            node_id=self.config.node_id,
+            connection_shard=shard,
+            session_epoch=grant.session_epoch,
+            capabilities=conn.session.capabilities,
+            protocol_version=conn.session.version,
+            lease_expire_at=self.clock_ms() + self._lease_ttl,
+        )
+        self.presence.publish(entry)
+        self.metrics.presence.labels(kind="upsert").inc()

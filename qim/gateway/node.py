@@ -1,0 +1,268 @@
+"""ConnectionNode (§5.1): listeners, sessions, auth, devices, ownership, presence and metrics.
+
+It holds the sockets of the ConnectionShards it owns and is the sole writer of PresenceEntry.
+It touches Redis only through the authenticator at login, never per message or heartbeat
+(direction.md §1). Timeouts run on one timing wheel with lazy checks (§15.1.5), presence
+leases are renewed every ``presence_lease_renew`` in one pass (§5.4.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from itertools import count
+
+from qim.gateway.actions import Authenticate, CloseReason, Count
+from qim.gateway.admission import ConnectAdmission, Refusal
+from qim.gateway.config import GatewayConfig
+from qim.gateway.connection import Connection, Transport
+from qim.gateway.devices import DeviceRegistry
+from qim.gateway.listeners import Listeners
+from qim.gateway.logins import LoginFlow, jittered
+from qim.gateway.metrics import GatewayMetrics
+from qim.gateway.ports import Authenticator, OwnAll, Ownership, PresenceSink
+from qim.gateway.presence import PresenceKey
+from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
+from qim.gateway.session import Session
+from qim.gateway.states import ConnState
+from qim.gateway.wheel import TimingWheel
+from qim.schemas.frames import Error, ErrorCode, Frame
+
+__all__ = ["ConnectionNode", "wall_clock_ms"]
+
+log = logging.getLogger(__name__)
+
+FrameHandler = Callable[[Connection, Frame], None]
+
+
+def wall_clock_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class ConnectionNode:
+    """One gateway process's worth of connections. ``await start()``, ``await stop()``."""
+
+    def __init__(
+        self,
+        config: GatewayConfig,
+        authenticator: Authenticator,
+        *,
+        ownership: Ownership | None = None,
+        presence: PresenceSink | None = None,
+        clock_ms: Callable[[], int] = wall_clock_ms,
+        frame_handler: FrameHandler | None = None,
+    ) -> None:
+        self.config = config
+        self.clock_ms = clock_ms
+        self.ownership: Ownership = ownership or OwnAll(config.advertised_endpoint)
+        self._writer: KafkaPresenceWriter | None = None
+        if presence is None and config.kafka_bootstrap:
+            presence = self._writer = KafkaPresenceWriter(
+                config.kafka_bootstrap,
+                config.presence_topic,
+                virtual_bucket_count=int(config.settings.virtual_bucket_count),
+                mailbox_shard_count=int(config.settings.mailbox_shard_count),
+            )
+        self.presence: PresenceSink = presence if presence is not None else MemoryPresence()
+        self.connections: dict[str, Connection] = {}
+        self.registry: DeviceRegistry[Connection] = DeviceRegistry(
+            int(config.settings.max_devices_per_user)
+        )
+        rate = config.settings.per_ip_connect_rate
+        self.admission = ConnectAdmission(
+            rate_count=rate.count,
+            rate_period_ms=rate.period_ms,
+            max_connections=int(config.settings.per_ip_max_connections),
+        )
+        self.metrics = GatewayMetrics(
+            config.node_id,
+            clock_ms=clock_ms,
+            online_count=lambda: len(self.registry),
+            unauth_count=self._unauth_count,
+        )
+        self.logins = LoginFlow(
+            config, authenticator, self.ownership, self.registry, self.presence,
+            self.metrics, clock_ms,
+        )  # fmt: skip
+        self.frame_handler = frame_handler
+        self.listeners = Listeners(self)
+        self._session_config = config.session_config()
+        self._wheel: TimingWheel[Connection] = TimingWheel(
+            config.wheel_tick, int(config.settings.heartbeat_wheel_slots), now_ms=clock_ms()
+        )
+        self._boot = secrets.token_hex(4)
+        self._ids = count(1)
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._background: list[asyncio.Task[None]] = []
+        self.drained = asyncio.Event()  # set while no connection is open
+        self.drained.set()
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self._writer is not None:
+            await self._writer.start()
+        await self.listeners.start()
+        self._background = [
+            asyncio.create_task(self._wheel_loop(), name="timing-wheel"),
+            asyncio.create_task(self._renew_loop(), name="presence-renew"),
+        ]
+
+    async def stop(self) -> None:
+        """Stop listening, close every connection (tombstoning its presence), flush."""
+        await self.listeners.stop_accepting()
+        now = self.clock_ms()
+        for conn in list(self.connections.values()):
+            conn.apply(conn.session.shutdown(CloseReason.SHUTDOWN, now, "node stopping"))
+        await self.listeners.wait_closed()
+        for task in self._background:
+            task.cancel()
+        for task in [*self._background, *self._tasks]:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._writer is not None:
+            await self._writer.stop()
+        await self.listeners.stop_metrics()
+
+    # -- drivers call these -------------------------------------------------------------------
+
+    def admit(self, peer_ip: str) -> bool:
+        """Per-IP admission before TLS (§15.2.3); refusals carry no app frame (§20.4.1)."""
+        if not self.check(peer_ip):
+            return False
+        self.acquire(peer_ip)
+        return True
+
+    def check(self, peer_ip: str) -> bool:
+        """The rate and cap check alone (WebSocket: at the HTTP upgrade)."""
+        refusal: Refusal | None = self.admission.check(peer_ip, self.clock_ms())
+        if refusal is not None:
+            self.metrics.refused.labels(reason=refusal.value).inc()
+        return refusal is None
+
+    def acquire(self, peer_ip: str) -> None:
+        self.admission.acquire(peer_ip)
+
+    def release(self, peer_ip: str) -> None:
+        self.admission.release(peer_ip)
+
+    def attach(self, transport: Transport, peer_ip: str) -> Connection:
+        """A new admitted transport becomes a Connection in AWAITING_AUTH."""
+        now = self.clock_ms()
+        conn_id = f"{self._boot}-{next(self._ids)}"
+        session = Session(self._session_config, now_ms=now, peer=peer_ip)
+        conn = Connection(
+            conn_id, session, transport, self,
+            clock_ms=self.clock_ms,
+            peer_ip=peer_ip,
+            chunk_bytes=int(self.config.settings.stream_write_chunk_bytes),
+            hard_watermark_bytes=self.config.settings.conn_send_hard_watermark.bytes,
+            close_flush_timeout_ms=self.config.close_flush_timeout_ms,
+        )  # fmt: skip
+        self.connections[conn_id] = conn
+        self.drained.clear()
+        self._schedule(conn)
+        self.metrics.on_open()
+        return conn
+
+    def drop_shards(self, shards: set[int]) -> None:
+        """The node lost these ConnectionShards: ERROR{SHARD_MOVED} + close their connections.
+
+        No tombstones: the node is no longer the writer; its entries expire by lease and the
+        new owner writes fresh ones (§5.4.2). Usable as ShardOwnership's ``on_revoked``.
+        """
+        now = self.clock_ms()
+        for tenant, user, device, slot in list(self.registry):
+            if self.logins.shard_of(tenant, user) in shards:
+                self.registry.release(tenant, user, device, slot.conn)
+                moved = Error(
+                    code=int(ErrorCode.SHARD_MOVED),
+                    retry_after_ms=jittered(self.logins.backoff_ms),
+                    detail="connection_shard moved",
+                )
+                slot.conn.apply(slot.conn.session.refuse(moved, now))
+
+    # -- ConnectionHooks ----------------------------------------------------------------------
+
+    def authenticate(self, conn: Connection, action: Authenticate) -> None:
+        self._spawn(self.logins.run(conn, action), f"auth-{conn.conn_id}")
+
+    def forward(self, conn: Connection, frame: Frame) -> None:
+        """Business frames are routed by later stages; until then they are dropped."""
+        if self.frame_handler is not None:
+            self.frame_handler(conn, frame)
+
+    def count(self, conn: Connection, action: Count) -> None:
+        if action.name in ("ping", "ping_probe"):
+            interval = conn.session.config.next_ping_interval_ms
+            self.metrics.on_ping(action.name == "ping_probe", interval)
+        else:
+            self.metrics.on_count(action.name, action.label)
+
+    def activity(self, conn: Connection) -> None:
+        grant = conn.session.grant
+        if grant is not None:
+            self.registry.touch(
+                grant.tenant_id, grant.user_id, grant.device_id, conn, conn.session.last_active_ms
+            )
+        deadline = conn.session.deadline_ms()
+        if deadline is not None and (conn.scheduled_ms is None or deadline < conn.scheduled_ms):
+            self._schedule(conn)
+
+    def closing(self, conn: Connection, reason: CloseReason) -> None:
+        self.metrics.closed.labels(reason=reason.value).inc()
+        self._wheel.cancel(conn)
+        grant = conn.session.grant
+        if grant is None:
+            return
+        key = PresenceKey(grant.tenant_id, grant.user_id, grant.device_id)
+        if self.registry.release(key.tenant_id, key.user_id, key.device_id, conn):
+            self.presence.tombstone(key)  # offline; a replaced one leaves its successor's key
+            self.metrics.presence.labels(kind="tombstone").inc()
+
+    def finished(self, conn: Connection) -> None:
+        self.connections.pop(conn.conn_id, None)
+        self.release(conn.peer_ip)
+        if not self.connections:
+            self.drained.set()
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _unauth_count(self) -> int:
+        waiting = (ConnState.AWAITING_AUTH, ConnState.AUTHENTICATING)
+        return sum(1 for c in list(self.connections.values()) if c.session.state in waiting)
+
+    def _schedule(self, conn: Connection) -> None:
+        deadline = conn.session.deadline_ms()
+        conn.scheduled_ms = deadline
+        if deadline is not None:
+            self._wheel.schedule(conn, deadline)
+
+    def _spawn(self, coro: object, name: str) -> None:
+        task: asyncio.Task[None] = asyncio.create_task(coro, name=name)  # type: ignore[arg-type]
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _wheel_loop(self) -> None:
+        tick = self._wheel.tick_ms / 1000
+        while True:
+            await asyncio.sleep(tick)
+            started = time.monotonic()
+            now = self.clock_ms()
+            for conn in self._wheel.advance(now):
+                conn.apply(conn.session.tick(now))
+                if not conn.session.closed:
+                    self._schedule(conn)
+            if time.monotonic() - started > tick:
+                self.metrics.tick_overruns.inc()
+
+    async def _renew_loop(self) -> None:
+        period = self.config.lease_renew_ms / 1000
+        while True:
+            await asyncio.sleep(period)
+            for _tenant, _user, _device, slot in list(self.registry):
+                self.logins.publish(slot.conn)
