@@ -35,7 +35,9 @@ def up(foreground: bool) -> None:
         stack.down()
         sys.exit(1)
     click.echo(json.dumps(stack.status(), indent=2))
-    click.echo(f"qim is up: Kafka {stack.cfg.kafka.bootstrap}, Redis {stack.cfg.redis.url}")
+    urls = ", ".join(g.url for g in stack.cfg.gateways)
+    click.echo(f"qim is up: clients connect to {urls} (Kafka {stack.cfg.kafka.bootstrap})")
+    click.echo("a token: .venv/bin/qim token issue --tenant demo --user alice --device phone")
     if not foreground:
         return
     stop = threading.Event()
@@ -61,6 +63,7 @@ def status() -> None:
     click.echo(json.dumps(st, indent=2))
     ok = st["kafka"]["answers_metadata"] and st["redis"]["answers_ping"]
     ok = ok and all(w["health"] and w["health"].get("ready") for w in st["workers"].values())
+    ok = ok and all(g["listening"] for g in st["gateways"].values())
     sys.exit(0 if ok else 1)
 
 

@@ -58,6 +58,11 @@ def _processes() -> str:
         rows.append(
             f"| worker `{w.name}` | `faust -A {w.module} worker` | {w.web_port} (`/healthz`) |"
         )
+    for g in cfg.gateways:
+        rows.append(
+            f"| ConnectionNode `{g.name}` | `qim gateway` | {g.ws_port} (ws), "
+            f"{g.metrics_port} (`/metrics`) |"
+        )
     return "\n".join(rows)
 
 

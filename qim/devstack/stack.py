@@ -47,6 +47,19 @@ class WorkerSpec:
 
 
 @dataclass(frozen=True)
+class GatewaySpec:
+    """One `qim gateway` (ConnectionNode): plain ws, allowed on loopback only, and /metrics."""
+
+    name: str = "gw-1"
+    ws_port: int = 18080
+    metrics_port: int = 18081
+
+    @property
+    def url(self) -> str:
+        return f"ws://127.0.0.1:{self.ws_port}/"
+
+
+@dataclass(frozen=True)
 class StackConfig:
     base_dir: Path = ROOT / ".run"
     kafka_port: int = 19092
@@ -58,6 +71,7 @@ class StackConfig:
         WorkerSpec("conversation-1", "qim.apps.conversation", 16066),
         WorkerSpec("mailbox-1", "qim.apps.mailbox", 16067),
     )
+    gateways: tuple[GatewaySpec, ...] = (GatewaySpec(),)
 
     @property
     def kafka(self) -> kafka.KafkaConfig:
@@ -77,6 +91,8 @@ class StackConfig:
         return {
             "QIM_KAFKA_BOOTSTRAP": self.kafka.bootstrap,
             "QIM_REDIS_URL": self.redis.url,
+            # The development signing keys: `qim token issue` and the gateways share them.
+            "QIM_AUTH_KEYS_FILE": str(self.base_dir / "auth-keys"),
         }
 
     def for_tests(self, base_dir: Path) -> StackConfig:
@@ -88,6 +104,10 @@ class StackConfig:
             controller_port=procs.free_port(),
             redis_port=procs.free_port(),
             workers=tuple(replace(w, web_port=procs.free_port()) for w in self.workers),
+            gateways=tuple(
+                replace(g, ws_port=procs.free_port(), metrics_port=procs.free_port())
+                for g in self.gateways
+            ),
         )
 
 
@@ -209,12 +229,46 @@ class Stack:
     def stop_worker(self, w: WorkerSpec) -> bool:
         return procs.stop_pid(self._worker_dir(w) / "worker.pid", timeout_s=30.0)
 
+    def _gateway_dir(self, g: GatewaySpec) -> Path:
+        return self.cfg.base_dir / "gateways" / g.name
+
+    def start_gateway(self, g: GatewaySpec, *, timeout_s: float = 60.0) -> None:
+        """A ConnectionNode with the real AuthService (Redis) and shard ownership (Kafka)."""
+        gdir = self._gateway_dir(g)
+        pid_file, log_file = gdir / "gateway.pid", gdir / "gateway.log"
+        pid = procs.read_pid(pid_file)
+        if pid is None:
+            argv = [
+                sys.executable, "-m", "qim.cli", "gateway", "--node-id", g.name,
+                "--ws-port", str(g.ws_port), "--metrics-port", str(g.metrics_port),
+                "--advertise", g.url,
+            ]  # fmt: skip
+            env = {**os.environ, **self.cfg.env()}
+            pid = procs.spawn(argv, pid_file=pid_file, log_file=log_file, cwd=ROOT, env=env)
+        started = pid
+        try:
+            procs.wait_until(
+                lambda: procs.port_open("127.0.0.1", g.ws_port),
+                timeout_s=timeout_s,
+                what=f"{g.name} listening",
+                alive=lambda: procs.pid_alive(started),
+            )
+        except (TimeoutError, RuntimeError) as exc:
+            raise RuntimeError(f"{exc}\n{procs.tail(log_file, 60)}") from exc
+
+    def stop_gateway(self, g: GatewaySpec) -> bool:
+        return procs.stop_pid(self._gateway_dir(g) / "gateway.pid", timeout_s=30.0)
+
     def up(self) -> None:
         self.start_services()
         for w in self.cfg.workers:
             self.start_worker(w)
+        for g in self.cfg.gateways:
+            self.start_gateway(g)
 
     def down(self) -> None:
+        for g in self.cfg.gateways:
+            self.stop_gateway(g)
         for w in self.cfg.workers:
             self.stop_worker(w)
         kafka.stop(self.cfg.kafka)
@@ -228,6 +282,15 @@ class Stack:
                 "running": alive,
                 "health": worker_health(w.web_port) if alive else None,
             }
+        gateways = {
+            g.name: {
+                "running": procs.read_pid(self._gateway_dir(g) / "gateway.pid") is not None,
+                "url": g.url,
+                "listening": procs.port_open("127.0.0.1", g.ws_port),
+                "metrics": f"http://127.0.0.1:{g.metrics_port}/metrics",
+            }
+            for g in self.cfg.gateways
+        }
         return {
             "kafka": {
                 "running": kafka.is_running(self.cfg.kafka),
@@ -240,4 +303,5 @@ class Stack:
                 "answers_ping": redis.ping(self.cfg.redis_port),
             },
             "workers": workers,
+            "gateways": gateways,
         }
