@@ -25,7 +25,7 @@ raises :class:`QimError` for ERROR frames, sends PING every ``next_ping_interval
 :class:`ConnectionClosedError` when the connection ends.
 """
 
-from qim.client.auth import AuthWithRouteToken, encode_auth, route_token_of
+from qim.client.auth import encode_auth, route_token_of
 from qim.client.client import DEFAULT_CLIENT_VERSION, QimClient
 from qim.client.correlate import EXPECTED_REPLIES, RequestTable
 from qim.client.dial import Dialer, Endpoint, open_transport, parse_url, resolve_hint
@@ -60,7 +60,6 @@ __all__ = [
     "EXPECTED_REPLIES",
     "MAX_MESSAGE_BYTES",
     "TRANSITIONS",
-    "AuthWithRouteToken",
     "ClientEvent",
     "ClientState",
     "ClientStateMachine",

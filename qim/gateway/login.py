@@ -7,25 +7,12 @@ from __future__ import annotations
 
 from typing import Final
 
-import msgspec
-
 from qim.gateway.ports import AuthRequest
 from qim.schemas.frames import Auth, Error, ErrorCode, Frame
 
 __all__ = ["MAX_DEVICE_ID_BYTES", "auth_request", "check_credentials", "upgrade_required"]
 
 MAX_DEVICE_ID_BYTES: Final = 128
-
-
-class _AuthRouteToken(msgspec.Struct):
-    """A.3 gives AUTH no route_token field, yet §15.2.1 (3) makes a client that holds one
-    present it on reconnect. We read an extra ``route_token`` key from the raw body (unknown
-    keys are legal, §27.1.2). TODO(lead): add ``route_token: bytes = b""`` to ``Auth``."""
-
-    route_token: bytes = b""
-
-
-_ROUTE_TOKEN: Final = msgspec.msgpack.Decoder(_AuthRouteToken)
 
 
 def check_credentials(auth: Auth) -> str:
@@ -38,14 +25,6 @@ def check_credentials(auth: Auth) -> str:
     return ""
 
 
-def route_token(raw_body: bytes) -> bytes:
-    """The route token a redirected client presents, b'' when none (or not bytes)."""
-    try:
-        return _ROUTE_TOKEN.decode(raw_body).route_token
-    except (msgspec.DecodeError, RecursionError):
-        return b""
-
-
 def auth_request(frame: Frame, auth: Auth, *, peer: str, version: int, now_ms: int) -> AuthRequest:
     """What the authenticator gets; the access token never goes to a log (§24.0 rule 4)."""
     return AuthRequest(
@@ -55,7 +34,7 @@ def auth_request(frame: Frame, auth: Auth, *, peer: str, version: int, now_ms: i
         capabilities=auth.capabilities,
         now_ms=now_ms,
         peer=peer,
-        route_token=route_token(frame.raw_body),
+        route_token=auth.route_token,
         protocol_version=version,
     )
 

@@ -34,6 +34,9 @@ class Auth(Body):
     client_version: str = ""
     capabilities: U64 = 0  # Capability bits
     mailbox_cursor: MailboxCursor | None = None  # None = empty cursor (new device, §9.6.1)
+    # Not in A.3 #1, but §5.3.2 / §15.2.1 (3) make a redirected client present its route token
+    # on the next AUTH. Empty = none and omitted on the wire, so other AUTHs keep A.3's shape.
+    route_token: bytes = b""
 
 
 class AuthOk(Body):
