@@ -82,6 +82,11 @@ class PresenceEntry(
     def key(self) -> PresenceKey:
         return PresenceKey(self.tenant_id, self.user_id, self.device_id)
 
+    def is_online(self, now_ms: int) -> bool:
+        """A reader's rule: online only while the lease holds (5.4.3 (3)); a gateway that died
+        without a tombstone makes its devices offline when their leases run out."""
+        return now_ms < self.lease_expire_at
+
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
 _DECODER: Final = msgspec.msgpack.Decoder(PresenceEntry)

@@ -36,3 +36,13 @@ def test_value_round_trips_and_null_is_a_tombstone() -> None:
 def test_bad_keys_are_rejected() -> None:
     with pytest.raises(ValueError):
         PresenceKey("t\x00", "u", "d").encode()
+
+
+def test_an_entry_past_its_lease_counts_as_offline_5_4_3() -> None:
+    entry = PresenceEntry(
+        tenant_id="t1", user_id="u1", device_id="d1", connection_id="c-1", node_id="n1",
+        connection_shard=7, session_epoch=3, lease_expire_at=10_000,
+    )  # fmt: skip
+    assert entry.is_online(9_999)
+    assert not entry.is_online(10_000)
+    assert not entry.is_online(50_000)
