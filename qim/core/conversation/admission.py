@@ -1,0 +1,179 @@
+"""Admission L1/L2 (spec 8.2) as GCRA token buckets derived from the commit log.
+
+Order (spec 8.2): L1a ``per_sender_in_conversation_rate`` -> L1b ``per_user_msg_rate`` -> L2
+``per_conversation_msg_rate`` (tiered by member count). The first layer that says no answers
+``RATE_LIMITED`` with its ``retry_after_ms`` and nothing is consumed anywhere: :meth:`check` only
+reads; tokens are taken by :meth:`debit`, which the writer calls from ``apply()`` for a committed
+record at the record's ``committed_at``. A rejected, duplicate or crashed request therefore
+consumes no token of any layer by construction (check first, then take), and the buckets are a
+pure function of the outbox: replay and snapshots rebuild them exactly, so a rebalance does not
+hand every sender a fresh burst (the Kafka-mapping note of spec 8 accepted that reset; we avoid it).
+
+Each bucket is a GCRA cell: one integer, the theoretical arrival time ``tat`` (microseconds, Unix
+epoch). A request at ``t`` conforms iff ``t >= tat - tolerance``; taking it sets
+``tat = max(tat, t) + interval``. A cell with ``tat <= t`` is a full bucket, equivalent to no
+cell, so cells are evicted in last-debit order once full: memory is bounded by the senders and
+conversations of the last few seconds (at most ``burst x interval``: 2 s for L1b, 3 s for L1a).
+
+A cell's state is time debt, not a token count, so when a conversation changes tier (spec 8.2:
+"the tier flips on the next message after member_count crosses a threshold") the debt carries
+over and the next message is checked and debited with the new tier's parameters.
+
+Capacities: L1b's is ``per_user_msg_rate_burst`` (40); L1a's is the rate's count (1 per 3 s);
+Appendix B gives L2 only a rate, so its capacity is one second of it (20, 5, 2; at least 1).
+
+Where the buckets live, and two deliberate deviations:
+
+* Spec 8.2 counts L1 at the ConnectionNode (local, cheap) and re-checks it at the ConversationWriter
+  (authoritative, since a user's devices reach different ConnectionNodes); spec 20.4.1 lists
+  ``per_user_msg_rate`` at the ConnectionNode. Our writer state is per outbox partition, so the
+  L1b cell ``(tenant, user)`` is exact for all of a user's devices within one partition but a user
+  writing to conversations on P partitions gets up to P x 20 msg/s in aggregate; the gateway's
+  per-connection bucket is the other half. Cross-partition exactness would need a per-user
+  counter on the send path (a second hop or Redis, which spec 3 item 9 forbids); spec T4 leaves
+  the cross-conversation aggregate open (Q5).
+* L1a applies only to conversations with more than ``large_group_member_threshold`` members,
+  i.e. large groups (issue 4): at 1 msg / 3 s everywhere, ordinary one-to-one and small-group
+  chatting would be throttled. ``WriterLimits.sender_in_conversation_min_members = 0`` restores
+  the literal spec 8.2 / T3 rule (every conversation).
+
+L2 is exact: one writer per conversation (spec 8.2: "the only natural counter"). L3
+(``tenant_fanout_quota``) is not enforced here; Appendix B leaves it unset ("per contract").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Final
+
+from qim.core.conversation.config import WriterLimits
+
+__all__ = [
+    "CONVERSATION",
+    "SENDER_IN_CONVERSATION",
+    "USER",
+    "AdmissionBuckets",
+    "BucketKey",
+    "Cell",
+    "Charge",
+    "charges_for",
+]
+
+USER: Final = "user"
+SENDER_IN_CONVERSATION: Final = "sender"
+CONVERSATION: Final = "conversation"
+
+BucketKey = tuple[str, str, str, str]
+"""``(layer, tenant_id, conversation_id, user_id)``; unused parts are ``""``."""
+
+_US_PER_MS: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Cell:
+    """GCRA parameters: ``interval`` per token, ``tolerance = (capacity - 1) x interval``."""
+
+    interval_us: int
+    tolerance_us: int
+
+    @classmethod
+    def of(cls, per_second: float, capacity: int) -> Cell:
+        if per_second <= 0 or capacity < 1:
+            raise ValueError("a bucket needs a positive rate and capacity")
+        interval = math.ceil(1_000_000 / per_second)  # round the rate down, never up
+        return cls(interval, (capacity - 1) * interval)
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """One bucket a send would take a token from."""
+
+    key: BucketKey
+    cell: Cell
+
+
+def charges_for(
+    limits: WriterLimits,
+    tenant_id: str,
+    conversation_id: str,
+    member_count: int,
+    sender_id: str,
+) -> tuple[Charge, ...]:
+    """The buckets of one send, in the spec's evaluation order (L1a, L1b, L2).
+
+    L1a is charged when the conversation has more members than the threshold; with the default
+    (``large_group_member_threshold``, 1000) that is large groups only, a direct conversation
+    never has more than 2.
+    """
+    out: list[Charge] = []
+    if member_count > limits.sender_rate_threshold:
+        rate = limits.per_sender_in_conversation_rate
+        key = (SENDER_IN_CONVERSATION, tenant_id, conversation_id, sender_id)
+        out.append(Charge(key, Cell.of(rate.per_second, rate.count)))
+    user_rate = limits.per_user_msg_rate
+    out.append(
+        Charge(
+            (USER, tenant_id, "", sender_id),
+            Cell.of(user_rate.per_second, limits.per_user_msg_rate_burst),
+        )
+    )
+    per_second = limits.per_conversation_msg_rate.for_members(member_count)
+    out.append(
+        Charge(
+            (CONVERSATION, tenant_id, conversation_id, ""),
+            Cell.of(per_second, max(1, math.floor(per_second))),
+        )
+    )
+    return tuple(out)
+
+
+class AdmissionBuckets:
+    """The GCRA cells of one writer partition, in last-debit order (the eviction order)."""
+
+    __slots__ = ("_tat",)
+
+    def __init__(self) -> None:
+        self._tat: dict[BucketKey, int] = {}
+
+    def check(self, charges: Iterable[Charge], now_ms: int) -> int | None:
+        """None if every bucket conforms at ``now_ms``; else the first one's retry_after_ms."""
+        t = now_ms * _US_PER_MS
+        for charge in charges:
+            tat = self._tat.get(charge.key)
+            if tat is not None and t < tat - charge.cell.tolerance_us:
+                wait_us = tat - charge.cell.tolerance_us - t
+                return max(1, math.ceil(wait_us / _US_PER_MS))
+        return None
+
+    def debit(self, charges: Iterable[Charge], at_ms: int) -> None:
+        """Take one token from each bucket at ``at_ms`` (a committed record's time)."""
+        t = at_ms * _US_PER_MS
+        for charge in charges:
+            tat = self._tat.pop(charge.key, t)
+            self._tat[charge.key] = max(tat, t) + charge.cell.interval_us
+        self.evict(at_ms)
+
+    def evict(self, now_ms: int) -> int:
+        """Drop full buckets from the oldest debit on; stop at the first one still draining."""
+        t = now_ms * _US_PER_MS
+        dropped = 0
+        while self._tat:
+            key = next(iter(self._tat))
+            if self._tat[key] > t:
+                break
+            del self._tat[key]
+            dropped += 1
+        return dropped
+
+    def items(self) -> Iterator[tuple[BucketKey, int]]:
+        """``(key, tat_us)`` in eviction order, for snapshots."""
+        return iter(self._tat.items())
+
+    def load(self, items: Iterable[tuple[BucketKey, int]]) -> None:
+        """Restore from :meth:`items` output (order preserved)."""
+        self._tat = dict(items)
+
+    def __len__(self) -> int:
+        return len(self._tat)

@@ -1,0 +1,98 @@
+"""The Appendix B values the ConversationWriter reads, resolved once from ``Settings``.
+
+Typed and frozen so the hot path reads attributes, not a settings lookup per message. Limits that
+Appendix B marks per-tenant (rates, payload size, group threshold) are resolved per tenant through
+:meth:`WriterConfig.limits_for`; the rest are cluster-wide.
+
+Replay equality depends on these values: the admission buckets and the dedup window are rebuilt
+from the outbox with the config in force at replay, so a config change between a snapshot and a
+replay changes future admission decisions, never a committed record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from qim.params import Rate, Settings, TieredRate
+
+__all__ = ["WriterConfig", "WriterLimits"]
+
+
+@dataclass(frozen=True, slots=True)
+class WriterLimits:
+    """Per-tenant admission and size limits (spec 8.2, Appendix B.5, B.6.1)."""
+
+    per_user_msg_rate: Rate
+    per_user_msg_rate_burst: int
+    per_sender_in_conversation_rate: Rate
+    per_conversation_msg_rate: TieredRate
+    large_group_member_threshold: int
+    max_custom_payload_bytes: int
+    sender_in_conversation_min_members: int | None = None
+    """Member count above which ``per_sender_in_conversation_rate`` applies; None means
+    ``large_group_member_threshold`` (our default, see ``admission``). 0 applies it everywhere,
+    the literal reading of spec 8.2 / T3."""
+
+    def __post_init__(self) -> None:
+        if self.per_user_msg_rate_burst < 1:
+            raise ValueError("per_user_msg_rate_burst must be >= 1")
+        if self.max_custom_payload_bytes < 0:
+            raise ValueError("max_custom_payload_bytes must be >= 0")
+
+    @property
+    def sender_rate_threshold(self) -> int:
+        """Groups with more members than this get the per-sender-in-conversation bucket."""
+        if self.sender_in_conversation_min_members is None:
+            return self.large_group_member_threshold
+        return self.sender_in_conversation_min_members
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> WriterLimits:
+        return cls(
+            per_user_msg_rate=settings.per_user_msg_rate,
+            per_user_msg_rate_burst=settings.per_user_msg_rate_burst,
+            per_sender_in_conversation_rate=settings.per_sender_in_conversation_rate,
+            per_conversation_msg_rate=settings.per_conversation_msg_rate,
+            large_group_member_threshold=settings.large_group_member_threshold,
+            max_custom_payload_bytes=settings.max_custom_payload_bytes,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class WriterConfig:
+    """Everything a ``ConversationWriterState`` needs besides its identity and epoch."""
+
+    limits: WriterLimits
+    client_dedup_ttl_seconds: int = 7200
+    client_dedup_max_entries: int = 1_000_000
+    """Ours: a hard memory cap per partition; evicting earlier than the TTL shortens the window
+    (a later retry becomes a new message, the residual risk spec 8.3 already accepts)."""
+    inline_body_budget_bytes: int = 8192
+    inline_body_max_bytes: int = 2048
+    clock_regression_reject_ms: int = 5000
+    tenant_limits: Mapping[str, WriterLimits] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.client_dedup_ttl_seconds < 1 or self.client_dedup_max_entries < 1:
+            raise ValueError("the ClientDedup window and cap must be positive")
+
+    def limits_for(self, tenant_id: str) -> WriterLimits:
+        """The tenant's overrides when it has any, else the cluster's limits."""
+        return self.tenant_limits.get(tenant_id, self.limits)
+
+    @classmethod
+    def from_settings(
+        cls, settings: Settings, tenants: Mapping[str, Settings] | None = None
+    ) -> WriterConfig:
+        """Build from ``Settings.load()`` and optional per-tenant views (``for_tenant``)."""
+        return cls(
+            limits=WriterLimits.from_settings(settings),
+            client_dedup_ttl_seconds=settings.client_dedup_ttl_seconds,
+            inline_body_budget_bytes=settings.inline_body_budget_bytes,
+            inline_body_max_bytes=settings.inline_body_max_bytes,
+            clock_regression_reject_ms=settings.clock_regression_reject_ms,
+            tenant_limits={
+                tenant: WriterLimits.from_settings(view) for tenant, view in (tenants or {}).items()
+            },
+        )

@@ -1,0 +1,297 @@
+"""``ConversationWriterState``: the send path of one outbox partition as a pure state machine.
+
+Two functions carry all of it, and the Faust shell calls exactly these, live and in recovery:
+
+* :meth:`~ConversationWriterState.handle_send` decides, in the order of spec 8.1: membership
+  (PERMISSION_DENIED) -> size (PAYLOAD_TOO_LARGE) -> admission L1/L2 (RATE_LIMITED) -> ClientDedup
+  (the same SEND_ACK) -> allocation of message_id / conversation_seq / last_activity_id in one step
+  (CLOCK_UNSAFE if the wall clock went back too far). It **never mutates**: the accepted outcome
+  is a record plus the ack, and allocation takes effect only when that record is applied.
+* :meth:`~ConversationWriterState.apply` folds a committed outbox record into the state: the
+  ConversationHead, the HLC (restored before any later assignment), the ClientDedup entry, the
+  admission tokens and the per-conversation fencing maximum. Replay is ``apply`` over the outbox,
+  so the live state equals the replayed state by construction, byte for byte in ``snapshot()``.
+
+Why allocation happens in ``apply`` and not in ``handle_send``: a rejected request, a duplicate,
+or an accepted one whose append never became durable must leave no trace (spec 8.2 I-1). Here that
+is true of every decision, because a decision is only data; and an applied record is exactly a
+record the shell appended. ``conversation_seq`` is ``head + 1`` of the committed head, strictly
+increasing and never reused (spec 6.3: holes are legal, reuse is not), so there is no reservation
+window to lose; the log is the durable reservation. The single writer per conversation is the
+partition's owner (Kafka group assignment, direction.md 4.1); a former owner that is still
+writing is a zombie whose records carry a lower ``fencing_epoch`` and are dropped by ``apply``
+here and by every consumer (spec 19.2.1 check point 2).
+
+Time: ``now_ms`` is the shell's wall clock in Unix ms, an argument, never read here. The HLC
+(spec 6.2) turns it into ids; admission and dedup run on the HLC's time, i.e. log time.
+"""
+
+from __future__ import annotations
+
+from qim.core.conversation.admission import AdmissionBuckets, charges_for
+from qim.core.conversation.allocation import Coordinates, allocate
+from qim.core.conversation.config import WriterConfig
+from qim.core.conversation.decision import (
+    Accepted,
+    Decision,
+    Duplicate,
+    Rejected,
+    ack_reply,
+    error_reply,
+)
+from qim.core.conversation.dedup import ClientDedup, DedupEntry
+from qim.core.conversation.head import (
+    ApplyOutcome,
+    ConversationHead,
+    Sequenced,
+    SequencedRecord,
+    advance,
+    classify,
+)
+from qim.core.conversation.membership import MembershipView, resolve_target
+from qim.core.conversation.policy import message_record
+from qim.core.conversation.snapshot import decode_snapshot, encode_snapshot
+from qim.schemas.frames.errors import ErrorCode
+from qim.schemas.ids import (
+    ClockUnsafeError,
+    HlcClock,
+    hlc_ms_to_unix_ms,
+    message_id_to_bytes,
+    split_message_id,
+)
+from qim.schemas.records.membership import MembershipCommitted
+from qim.schemas.records.outbox import MessageCommitted, OutboxRecord, RetentionClass
+from qim.schemas.records.requests import SendRequest
+
+__all__ = ["ConversationWriterState", "WriterFencedError"]
+
+
+class WriterFencedError(RuntimeError):
+    """This incarnation's fencing epoch is below one already in the log: stop writing.
+
+    A bug or ops condition of ours (a zombie owner), never the client's fault: the shell must
+    give the partition up, not answer the request.
+    """
+
+
+class ConversationWriterState:
+    """Heads, ClientDedup, HLC and admission cells of one outbox partition."""
+
+    __slots__ = (
+        "_buckets",
+        "_dedup",
+        "_fencing_epoch",
+        "_heads",
+        "_max_id",
+        "config",
+        "region_id",
+        "writer_id",
+    )
+
+    def __init__(
+        self, config: WriterConfig, *, region_id: int, writer_id: int, fencing_epoch: int = 0
+    ) -> None:
+        HlcClock(region_id, writer_id)  # validates the id fields
+        self.config = config
+        self.region_id = region_id
+        self.writer_id = writer_id
+        self._fencing_epoch = fencing_epoch
+        self._max_id = 0  # the highest id applied: the HLC's persisted state (spec 6.2)
+        self._heads: dict[tuple[str, str], ConversationHead] = {}
+        self._dedup = ClientDedup(config.client_dedup_ttl_seconds, config.client_dedup_max_entries)
+        self._buckets = AdmissionBuckets()
+
+    # -- read side ---------------------------------------------------------------------------
+
+    @property
+    def fencing_epoch(self) -> int:
+        return self._fencing_epoch
+
+    @property
+    def last_hlc_ms(self) -> int:
+        """The highest HLC ms of any applied id: what a restarted writer resumes from."""
+        return split_message_id(self._max_id).hlc_ms
+
+    @property
+    def dedup(self) -> ClientDedup:
+        return self._dedup
+
+    def head(self, tenant_id: str, conversation_id: str) -> ConversationHead | None:
+        return self._heads.get((tenant_id, conversation_id))
+
+    def heads(self) -> list[ConversationHead]:
+        return list(self._heads.values())
+
+    def raise_fencing_epoch(self, epoch: int) -> None:
+        """Adopt a newer epoch (a new partition generation); epochs never go back."""
+        if epoch < self._fencing_epoch:
+            raise ValueError(f"fencing epoch {epoch} < current {self._fencing_epoch}")
+        self._fencing_epoch = epoch
+
+    # -- decide ------------------------------------------------------------------------------
+
+    def handle_send(
+        self,
+        request: SendRequest,
+        now_ms: int,
+        membership: MembershipView,
+        *,
+        retention_class: RetentionClass = "default",
+    ) -> Decision:
+        """Decide one SEND_MESSAGE without changing any state (see module docstring)."""
+        msg = request.message
+        tenant, sender, conversation_id = request.tenant_id, request.sender_id, msg.conversation_id
+        target = resolve_target(request, membership)
+        if target is None:
+            return Rejected(error_reply(request, ErrorCode.PERMISSION_DENIED), "not_a_member")
+        limits = self.config.limits_for(tenant)
+        if len(msg.payload) > limits.max_custom_payload_bytes:
+            return Rejected(error_reply(request, ErrorCode.PAYLOAD_TOO_LARGE), "payload_too_large")
+        head = self._heads.get((tenant, conversation_id))
+        self._check_not_fenced(head)
+        charges = charges_for(limits, tenant, conversation_id, target.member_count, sender)
+        log_now_ms = max(now_ms, hlc_ms_to_unix_ms(self.last_hlc_ms))
+        retry_after_ms = self._buckets.check(charges, log_now_ms)
+        if retry_after_ms is not None:
+            reply = error_reply(request, ErrorCode.RATE_LIMITED, retry_after_ms)
+            return Rejected(reply, "rate_limited")
+        hit = self._dedup.get(tenant, sender, msg.client_message_id)
+        if hit is not None:
+            return Duplicate(
+                ack_reply(request, hit.message_id, hit.conversation_seq, hit.last_activity_id)
+            )
+        try:
+            coords = self._allocate(head, now_ms)
+        except ClockUnsafeError as exc:
+            wait_ms = max(1, exc.regression_ms - self.config.clock_regression_reject_ms)
+            return Rejected(error_reply(request, ErrorCode.CLOCK_UNSAFE, wait_ms), "clock_unsafe")
+        record = message_record(
+            request,
+            target,
+            coords,
+            retention_class=retention_class,
+            fencing_epoch=self._fencing_epoch,
+            config=self.config,
+        )
+        ack = ack_reply(
+            request, coords.message_id, coords.conversation_seq, coords.last_activity_id
+        )
+        return Accepted(record, ack)
+
+    def next_coordinates(
+        self, tenant_id: str, conversation_id: str, now_ms: int, *, advance_seq: bool = True
+    ) -> Coordinates:
+        """Allocate for another record kind (membership CONTROL, seq-less activities; spec 6.4).
+
+        Like ``handle_send`` this reserves nothing: the caller builds its record with these
+        coordinates and this writer's ``fencing_epoch`` and applies it. Raises
+        ``ClockUnsafeError`` and ``WriterFencedError``.
+        """
+        head = self._heads.get((tenant_id, conversation_id))
+        self._check_not_fenced(head)
+        return self._allocate(head, now_ms, advance_seq=advance_seq)
+
+    def _allocate(
+        self, head: ConversationHead | None, now_ms: int, *, advance_seq: bool = True
+    ) -> Coordinates:
+        return allocate(
+            self._max_id,
+            0 if head is None else head.latest_conversation_seq,
+            now_ms,
+            region_id=self.region_id,
+            writer_id=self.writer_id,
+            clock_regression_reject_ms=self.config.clock_regression_reject_ms,
+            advance_seq=advance_seq,
+        )
+
+    def _check_not_fenced(self, head: ConversationHead | None) -> None:
+        if head is not None and head.fencing_epoch > self._fencing_epoch:
+            raise WriterFencedError(
+                f"{head.conversation_id}: epoch {head.fencing_epoch} > ours {self._fencing_epoch}"
+            )
+
+    # -- apply -------------------------------------------------------------------------------
+
+    def apply(self, record: OutboxRecord | SequencedRecord) -> ApplyOutcome:
+        """Fold one committed outbox record in; idempotent, the only way state changes.
+
+        Every outbox record of the partition goes through here in log order, whatever its kind:
+        a membership CONTROL message occupies a seq the next message must not reuse.
+        """
+        if isinstance(record, MembershipCommitted):
+            sequenced = Sequenced.of_membership(record)
+            if sequenced is None:
+                return ApplyOutcome.UNSEQUENCED
+            return self._apply(sequenced)
+        return self._apply(record)
+
+    def _apply(self, record: SequencedRecord) -> ApplyOutcome:
+        key = (record.tenant_id, record.conversation_id)
+        head = self._heads.get(key)
+        outcome = classify(head, record)
+        if outcome is not ApplyOutcome.APPLIED:
+            return outcome
+        self._max_id = max(
+            self._max_id,
+            int.from_bytes(record.message_id, "big"),
+            int.from_bytes(record.last_activity_id, "big"),
+        )
+        self._heads[key] = advance(head, record)
+        if isinstance(record, MessageCommitted):
+            limits = self.config.limits_for(record.tenant_id)
+            charges = charges_for(
+                limits,
+                record.tenant_id,
+                record.conversation_id,
+                record.member_count,
+                record.sender_id,
+            )
+            self._buckets.debit(charges, record.committed_at)
+            self._dedup.record(
+                (record.tenant_id, record.sender_id, record.client_message_id),
+                _dedup_entry(record),
+            )
+        else:
+            self._buckets.evict(record.committed_at)
+            self._dedup.expire(record.committed_at)
+        return outcome
+
+    # -- checkpoint --------------------------------------------------------------------------
+
+    def snapshot(self) -> bytes:
+        """Deterministic checkpoint bytes of everything ``apply`` built."""
+        return encode_snapshot(
+            message_id_to_bytes(self._max_id),
+            self._heads.values(),
+            self._dedup.items(),
+            self._buckets.items(),
+        )
+
+    @classmethod
+    def restore(
+        cls,
+        snapshot: bytes,
+        config: WriterConfig,
+        *,
+        region_id: int,
+        writer_id: int,
+        fencing_epoch: int = 0,
+    ) -> ConversationWriterState:
+        """A state equal to the one that produced ``snapshot``, under a (new) incarnation."""
+        data = decode_snapshot(snapshot)
+        state = cls(config, region_id=region_id, writer_id=writer_id, fencing_epoch=fencing_epoch)
+        state._max_id = int.from_bytes(data.last_id, "big")
+        state._heads = {head.key: head for head in data.heads}
+        state._dedup.load(row.split() for row in data.dedup)
+        state._buckets.load(row.split() for row in data.buckets)
+        return state
+
+
+def _dedup_entry(record: MessageCommitted) -> DedupEntry:
+    return DedupEntry(
+        record.conversation_id,
+        record.message_id,
+        record.conversation_seq,
+        record.last_activity_id,
+        record.committed_at,
+    )

@@ -1,0 +1,261 @@
+"""Membership operations: validate a request against the state, return the records to commit.
+
+Each function is pure: it reads :class:`GroupMembership`, raises :class:`MembershipRejected` or
+returns :class:`MembershipCommitted` records, and changes nothing. The ConversationWriter commits
+the records to the outbox and then folds them in with ``GroupMembership.apply`` -- the function
+a replay uses -- and publishes the resulting member slices (``qim.core.membership.slices``)
+before any dispatch pinned to the new version (direction 4.3).
+
+Seqs and ids come in a :class:`ControlStamp` the writer allocates for the CONTROL message
+(``conversation_seq`` J, ``message_id``, ``last_activity_id``, ``committed_at``): a join
+commits ``joined_at = J - 1`` and a leave/remove ``left_at = J`` (spec 7.5, ADR-0021). A
+function that finds nothing to change returns None, so the writer allocates no seq for it.
+A create uses no seq (A.3 CREATE_GROUP): initial members get ``joined_at = 0``.
+
+Determinism: targets are de-duplicated and sorted by user id before slots are assigned, so the
+order a client lists members in never changes slot ids or version bytes.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from qim.core.membership.errors import MembershipRejected
+from qim.core.membership.state import GroupMembership
+from qim.schemas.frames.errors import ErrorCode
+from qim.schemas.hashing import validate_identifier
+from qim.schemas.ids import message_id_to_bytes
+from qim.schemas.records.membership import MembershipAction, MembershipCommitted, Role
+
+__all__ = [
+    "DEFAULT_CHUNK_MAX_MEMBERS",
+    "ControlStamp",
+    "add_members",
+    "create_group",
+    "leave_group",
+    "remove_members",
+]
+
+DEFAULT_CHUNK_MAX_MEMBERS: Final = 4096
+"""Members per outbox record / slice chunk: 4096 ids stay far below Kafka's 1 MiB default."""
+
+_GRANTABLE = frozenset({Role.ADMIN, Role.MEMBER, Role.GUEST})
+
+
+@dataclass(frozen=True, slots=True)
+class ControlStamp:
+    """The CONTROL message's envelope, allocated by the ConversationWriter at commit."""
+
+    conversation_seq: int
+    message_id: int
+    last_activity_id: int
+    committed_at: int
+
+    def __post_init__(self) -> None:
+        if self.conversation_seq < 1:
+            raise ValueError("a CONTROL message occupies a real conversation_seq (>= 1)")
+
+
+def create_group(
+    state: GroupMembership,
+    *,
+    tenant_id: str,
+    group_id: str,
+    creator: str,
+    invitees: Iterable[str],
+    committed_at: int,
+    max_members: int,
+    chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
+    display_hints: Mapping[str, str] | None = None,
+) -> tuple[MembershipCommitted, ...]:
+    """CREATE_GROUP: version 1 with the creator as OWNER and the invitees as MEMBERs.
+
+    More than ``chunk_max_members`` members become several records of ONE logical version;
+    ``GroupMembership.apply`` makes the group exist only when the last chunk is in.
+    """
+    _ids(tenant_id=tenant_id, group_id=group_id, creator=creator)
+    if state.group(tenant_id, group_id) is not None or state.has_pending_create(
+        tenant_id, group_id
+    ):
+        raise MembershipRejected("group_exists")
+    invited = [u for u in _targets(invitees) if u != creator]
+    total = 1 + len(invited)
+    _check_size(total, max_members)
+    if chunk_max_members < 2:
+        raise ValueError("chunk_max_members must leave room for the creator")
+    # chunk 0 holds the creator plus invitees; every chunk holds <= chunk_max_members members
+    bounds = [0, chunk_max_members - 1]
+    while bounds[-1] < len(invited):
+        bounds.append(bounds[-1] + chunk_max_members)
+    bounds[-1] = len(invited)
+    count = len(bounds) - 1
+    return tuple(
+        MembershipCommitted(
+            tenant_id=tenant_id,
+            group_id=group_id,
+            action=MembershipAction.CREATE,
+            actor=creator,
+            targets=tuple(invited[lo:hi]),
+            membership_version=1,
+            member_count=total,
+            role=Role.MEMBER,
+            first_slot=0 if index == 0 else lo + 1,
+            display_hints=_hints(invited[lo:hi], display_hints),
+            committed_at=committed_at,
+            chunk_index=index,
+            chunk_count=count,
+        )
+        for index, (lo, hi) in enumerate(itertools.pairwise(bounds))
+    )
+
+
+def add_members(
+    state: GroupMembership,
+    *,
+    tenant_id: str,
+    group_id: str,
+    actor: str,
+    targets: Iterable[str],
+    stamp: ControlStamp,
+    max_members: int,
+    role: str = Role.MEMBER,
+    chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
+    display_hints: Mapping[str, str] | None = None,
+) -> MembershipCommitted | None:
+    """Admin-plane GroupAdd: new members on fresh slots with ``joined_at = J - 1``.
+
+    Targets already in the group are skipped; a former or banned member rejoins on a new slot
+    (spec 7.9: slots are never reused) and its ``left_at`` is cleared (spec 12.10, AT-48).
+    """
+    _ids(tenant_id=tenant_id, group_id=group_id, actor=actor)
+    group = state.group(tenant_id, group_id)
+    if group is None:
+        raise MembershipRejected("no_such_group")
+    if role not in _GRANTABLE:
+        raise MembershipRejected(f"role_not_grantable:{role}")
+    joining = [u for u in _targets(targets) if not group.is_member(u)]
+    if not joining:
+        return None
+    if len(joining) > chunk_max_members:
+        raise MembershipRejected("too_many_targets", code=ErrorCode.PAYLOAD_TOO_LARGE)
+    _check_size(group.member_count + len(joining), max_members)
+    return _change(
+        state,
+        tenant_id,
+        group_id,
+        MembershipAction.ADD,
+        actor,
+        joining,
+        stamp,
+        role=role,
+        first_slot=group.next_slot,
+        display_hints=_hints(joining, display_hints),
+    )
+
+
+def remove_members(
+    state: GroupMembership,
+    *,
+    tenant_id: str,
+    group_id: str,
+    actor: str,
+    targets: Iterable[str],
+    stamp: ControlStamp,
+    ban: bool = False,
+    chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
+) -> MembershipCommitted | None:
+    """Admin-plane GroupRemove (REMOVED, or BANNED with ``ban``): ``left_at = J``.
+
+    Only the trusted admin plane removes others; there is no owner-kick frame (A.3).
+    """
+    _ids(tenant_id=tenant_id, group_id=group_id, actor=actor)
+    group = state.group(tenant_id, group_id)
+    if group is None:
+        raise MembershipRejected("no_such_group")
+    leaving = [u for u in _targets(targets) if group.is_member(u)]
+    if not leaving:
+        return None
+    if len(leaving) > chunk_max_members:
+        raise MembershipRejected("too_many_targets", code=ErrorCode.PAYLOAD_TOO_LARGE)
+    action = MembershipAction.BAN if ban else MembershipAction.REMOVE
+    return _change(state, tenant_id, group_id, action, actor, leaving, stamp)
+
+
+def leave_group(
+    state: GroupMembership, *, tenant_id: str, group_id: str, user_id: str, stamp: ControlStamp
+) -> MembershipCommitted:
+    """LEAVE_GROUP (A.3, 0x0A04): the session's user leaves; ``left_at = J``.
+
+    A non-member and a non-existent group are indistinguishable: both PERMISSION_DENIED with
+    the same detail, so the frame cannot probe which groups exist.
+    """
+    if not state.is_member(tenant_id, group_id, user_id):
+        raise MembershipRejected("not_a_member")
+    return _change(state, tenant_id, group_id, MembershipAction.LEAVE, user_id, [user_id], stamp)
+
+
+def _change(
+    state: GroupMembership,
+    tenant_id: str,
+    group_id: str,
+    action: str,
+    actor: str,
+    targets: list[str],
+    stamp: ControlStamp,
+    *,
+    role: str = "",
+    first_slot: int = 0,
+    display_hints: tuple[str, ...] = (),
+) -> MembershipCommitted:
+    count = state.member_count(tenant_id, group_id)
+    joining = action == MembershipAction.ADD
+    return MembershipCommitted(
+        tenant_id=tenant_id,
+        group_id=group_id,
+        action=action,
+        actor=actor,
+        targets=tuple(targets),
+        membership_version=state.version(tenant_id, group_id) + 1,
+        member_count=count + len(targets) if joining else count - len(targets),
+        role=role,
+        first_slot=first_slot,
+        display_hints=display_hints,
+        conversation_seq=stamp.conversation_seq,
+        message_id=message_id_to_bytes(stamp.message_id),
+        last_activity_id=message_id_to_bytes(stamp.last_activity_id),
+        committed_at=stamp.committed_at,
+    )
+
+
+def _targets(users: Iterable[str]) -> list[str]:
+    """Distinct, sorted, validated user ids (a str is rejected: it is not a list of ids)."""
+    if isinstance(users, str):
+        raise TypeError("targets must be an iterable of user ids, not a str")
+    unique = set(users)
+    for user in unique:
+        _ids(user_id=user)
+    return sorted(unique)
+
+
+def _ids(**fields: str) -> None:
+    for name, value in fields.items():
+        try:
+            validate_identifier(value, name)
+        except (TypeError, ValueError) as exc:
+            raise MembershipRejected(f"invalid_{name}") from exc
+
+
+def _check_size(total: int, max_members: int) -> None:
+    """B.6.1 ``max_members_per_group``: reject the whole request, never truncate."""
+    if total > max_members:
+        raise MembershipRejected("max_members_per_group")
+
+
+def _hints(users: list[str], hints: Mapping[str, str] | None) -> tuple[str, ...]:
+    if not hints:
+        return ()
+    out = tuple(hints.get(u, "") for u in users)
+    return out if any(out) else ()

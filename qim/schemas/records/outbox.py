@@ -1,0 +1,137 @@
+"""Records of ``qim.outbox``, the commit log the ConversationWriter appends to (spec 8.1 step 7).
+
+One record per committed conversation event; key :func:`~qim.schemas.records.conversation_key`
+``(tenant, conversation_id)``, so a conversation's records are totally ordered in one partition.
+The FanoutCoordinator (GroupDispatch, spec 7.8) and the HistoryArchiver / MessageStore (the
+MessageRecord of spec 7.1) are pure functions of these records, and so is the writer's own state
+(``qim.core.conversation``: ConversationHead, ClientDedup, HLC, admission buckets), which is
+rebuilt by replaying them. A record therefore carries every decision taken at commit time, never
+something a consumer would recompute with its own clock or configuration:
+
+* ``committed_at`` is the writer's HLC time of ``message_id`` in Unix ms (spec 7.3: an entry's
+  ``created_at`` is this value, never a consumer's clock);
+* ``inline_body`` is decided once here (ADR-0005, spec 3 item 4, 7.8), MailboxNodes only execute;
+* ``membership_version`` / ``member_count`` are pinned before the append (spec 7.9, 8.2 L3);
+* ``fencing_epoch`` is the writer's epoch (spec 19.2.1 check point 2), filtered downstream.
+
+u128 ids travel as 16-byte big-endian ``bin`` (spec 6.1), like in frames. Encoding: a tagged
+msgpack map (``kind``), defaults omitted, unknown keys ignored (spec 27.2.1).
+
+Extension point: a record kind is a tagged struct added to :data:`OutboxRecord`; membership
+changes (``MembershipCommitted``, tag ``membership``, ``qim.schemas.records.membership``) are the
+first. Every kind that occupies a ``conversation_seq`` or a ``last_activity_id`` must be applied
+to the writer's state too, or the next message would reuse its seq: ``qim.core.conversation``
+applies any record carrying the coordinate fields of :class:`MessageCommitted` under the same
+names (``tenant_id, conversation_id, conversation_seq, message_id, last_activity_id,
+committed_at, fencing_epoch``) generically (head, HLC and fencing filter advance; dedup,
+admission and preview are message-only), and adapts ``MembershipCommitted`` explicitly.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, TypeAlias
+
+import msgspec
+
+from qim.schemas.frames.base import U8, U32, U64, U128
+from qim.schemas.records.membership import MembershipCommitted
+
+__all__ = [
+    "DIRECT",
+    "GROUP",
+    "RETENTION_CLASSES",
+    "ConversationKind",
+    "MessageCommitted",
+    "OutboxRecord",
+    "PreviewPlaceholder",
+    "RetentionClass",
+    "decode_outbox_record",
+    "encode_outbox_record",
+]
+
+ConversationKind: TypeAlias = Literal["direct", "group"]
+DIRECT: Final = "direct"
+GROUP: Final = "group"
+
+RetentionClass: TypeAlias = Literal["default", "ephemeral_24h", "compliance_hold", "tenant_custom"]
+RETENTION_CLASSES: Final[tuple[str, ...]] = (
+    "default",
+    "ephemeral_24h",
+    "compliance_hold",
+    "tenant_custom",
+)
+
+
+class MessageCommitted(
+    msgspec.Struct,
+    kw_only=True,
+    omit_defaults=True,
+    frozen=True,
+    forbid_unknown_fields=False,
+    tag_field="kind",
+    tag="message",
+):
+    """A committed SEND_MESSAGE: the coordinates, the body and every commit-time decision.
+
+    ``participants`` lists a direct conversation's users (sorted, one entry for a note to self)
+    so fanout needs no lookup; it is empty for groups, whose recipients are the pinned
+    ``membership_version``. ``member_count`` is that version's count (direct: the participants),
+    the L3 fanout cost and the ``N`` of the inline decision. ``last_activity_id`` equals
+    ``message_id`` for a message (same ID space, spec 6.4; the message is the activity).
+    ``preview_or_placeholder`` is the ConversationHead preview fixed by the writer (spec 7.4,
+    13.3): consumers copy it, they never derive one from the payload.
+    """
+
+    tenant_id: str
+    conversation_id: str
+    conversation_kind: ConversationKind
+    participants: tuple[str, ...] = ()
+    message_id: U128
+    conversation_seq: U64
+    last_activity_id: U128
+    sender_id: str
+    origin_device_id: str
+    client_message_id: str = ""
+    message_type: U8 = 0
+    custom_type: str = ""
+    payload: bytes = b""
+    mention_targets: tuple[str, ...] = ()
+    reply_to_conversation_seq: U64 | None = None
+    membership_version: U64 = 0
+    member_count: U32
+    committed_at: U64
+    inline_body: bool = False
+    retention_class: RetentionClass = "default"
+    preview_or_placeholder: bytes = b""
+    fencing_epoch: U64 = 0
+
+
+class PreviewPlaceholder(
+    msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True, forbid_unknown_fields=False
+):
+    """The default ``preview_or_placeholder``: the type, never the payload.
+
+    The server must not parse payloads (custom types, E2EE ciphertext; spec 13.1, 13.3): until the
+    spec 13.3 ``preview_template`` registry exists the preview is this msgpack map and the client
+    renders "[image]", "[custom message]" or its own decrypted text.
+    """
+
+    message_type: U8 = 0
+    custom_type: str = ""
+
+
+OutboxRecord: TypeAlias = MessageCommitted | MembershipCommitted
+"""Every kind of the outbox topic (tag field ``kind``: ``message``, ``membership``)."""
+
+_DECODER: msgspec.msgpack.Decoder[OutboxRecord] = msgspec.msgpack.Decoder(OutboxRecord)
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def encode_outbox_record(record: OutboxRecord) -> bytes:
+    """The outbox value bytes; equal records encode to identical bytes."""
+    return _ENCODER.encode(record)
+
+
+def decode_outbox_record(data: bytes) -> OutboxRecord:
+    """Decode an outbox value; raises ``msgspec.ValidationError`` if malformed."""
+    return _DECODER.decode(data)
