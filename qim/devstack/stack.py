@@ -34,6 +34,7 @@ def default_partition_counts() -> dict[str, int]:
         "conversation_partition_count": CONVERSATION_PARTITION_COUNT,
         "mailbox_shard_count": params.mailbox_shard_count,
         "connection_shard_count": params.connection_shard_count,
+        "single_partition": 1,
     }
 
 

@@ -32,11 +32,16 @@ from qim.gateway.ports import (
     PresenceSink,
     RouteToken,
 )
-from qim.gateway.presence import PresenceEntry, PresenceKey, decode_presence, encode_presence
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
 from qim.gateway.session import Session, SessionConfig
 from qim.gateway.states import TRANSITIONS, ConnState, Event, IllegalTransition
 from qim.gateway.wheel import TimingWheel
+from qim.schemas.records.presence import (
+    PresenceEntry,
+    PresenceKey,
+    decode_presence,
+    encode_presence,
+)
 
 __all__ = [
     "TRANSITIONS",

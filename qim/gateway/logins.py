@@ -27,10 +27,10 @@ from qim.gateway.actions import Authenticate
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.metrics import GatewayMetrics
 from qim.gateway.ports import Authenticator, AuthGrant, AuthRejected, Ownership, PresenceSink
-from qim.gateway.presence import PresenceEntry, PresenceKey
 from qim.gateway.states import ConnState
 from qim.schemas import connection_shard_id, lane_id, user_bucket
 from qim.schemas.frames import Error, ErrorCode, Redirect
+from qim.schemas.records.presence import PresenceEntry, PresenceKey
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig

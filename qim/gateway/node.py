@@ -25,12 +25,12 @@ from qim.gateway.listeners import Listeners
 from qim.gateway.logins import LoginFlow, jittered
 from qim.gateway.metrics import GatewayMetrics
 from qim.gateway.ports import Authenticator, OwnAll, Ownership, PresenceSink
-from qim.gateway.presence import PresenceKey
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
 from qim.gateway.session import Session
 from qim.gateway.states import ConnState
 from qim.gateway.wheel import TimingWheel
 from qim.schemas.frames import Error, ErrorCode, Frame
+from qim.schemas.records.presence import PresenceKey
 
 __all__ = ["ConnectionNode", "wall_clock_ms"]
 

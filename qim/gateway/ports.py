@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from qim.gateway.presence import PresenceEntry, PresenceKey
 from qim.schemas.frames import Error, ErrorCode
+from qim.schemas.records.presence import PresenceEntry, PresenceKey
 
 __all__ = [
     "AuthGrant",

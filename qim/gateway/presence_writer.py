@@ -16,7 +16,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 
-from qim.gateway.presence import PresenceEntry, PresenceKey, encode_presence
+from qim.schemas.records.presence import PresenceEntry, PresenceKey, encode_presence
 
 __all__ = ["KafkaPresenceWriter", "MemoryPresence"]
 

@@ -1,6 +1,7 @@
 """Topic declarations: the pipeline's streams."""
 
 from qim.streams.topics import (
+    ADMIN_REPLIES,
     ALL_TOPICS,
     CONVERSATION_REQUESTS,
     DISPATCH,
@@ -8,10 +9,12 @@ from qim.streams.topics import (
     PRESENCE,
     TO_GATEWAY,
     USER_REQUESTS,
+    WRITER_SNAPSHOTS,
     TopicSpec,
 )
 
 __all__ = [
+    "ADMIN_REPLIES",
     "ALL_TOPICS",
     "CONVERSATION_REQUESTS",
     "DISPATCH",
@@ -19,5 +22,6 @@ __all__ = [
     "PRESENCE",
     "TO_GATEWAY",
     "USER_REQUESTS",
+    "WRITER_SNAPSHOTS",
     "TopicSpec",
 ]

@@ -101,6 +101,27 @@ TO_GATEWAY = TopicSpec(
     consumer="ConnectionNode owning the ConnectionShard",
 )
 
+WRITER_SNAPSHOTS = TopicSpec(
+    name="qim.writer-snapshots",
+    partitions_param="conversation_partition_count",
+    partitioned_by="explicit partition = the writer's conversation partition",
+    key="partition number",
+    cleanup="compact",
+    retention_ms=None,
+    producer="ConversationWriter (in the transaction of its outbox appends)",
+    consumer="ConversationWriter taking a partition over (restore, then replay the outbox)",
+)
+ADMIN_REPLIES = TopicSpec(
+    name="qim.admin-replies",
+    partitions_param="single_partition",
+    partitioned_by="one partition",
+    key="node_id of the admin endpoint",
+    cleanup="delete",
+    retention_ms=HOUR_MS,
+    producer="ConversationWriter",
+    consumer="the admin endpoint that sent the request",
+)
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONVERSATION_REQUESTS,
     OUTBOX,
@@ -108,4 +129,6 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     PRESENCE,
     USER_REQUESTS,
     TO_GATEWAY,
+    WRITER_SNAPSHOTS,
+    ADMIN_REPLIES,
 )

@@ -30,7 +30,6 @@ from qim.auth.config import configured_shards
 from qim.devstack.stack import Stack
 from qim.gateway.auth_adapter import AuthServiceAdapter
 from qim.gateway.node import wall_clock_ms
-from qim.gateway.presence import PresenceKey, decode_presence
 from qim.params import Settings
 from qim.schemas import lane_id
 from qim.schemas.frames import (
@@ -47,6 +46,7 @@ from qim.schemas.frames import (
     encode_frame,
     frame_bytes,
 )
+from qim.schemas.records.presence import PresenceKey, decode_presence
 from qim.streams import PRESENCE
 from tests.gateway_support import (
     Closed,

@@ -25,6 +25,9 @@ class SendMessage(Body):
     payload: bytes = b""
     mention_targets: tuple[str, ...] = ()
     reply_to_conversation_seq: U64 | None = None
+    # Not in A.3 #4: a one-to-one conversation id is a one-way hash of its two users
+    # (qim.core.conversation.ids), so a send into one names the other user; empty for groups.
+    peer_user_id: str = ""
 
 
 class SendAck(Body):

@@ -26,15 +26,31 @@ import msgspec
 
 from qim.schemas.frames.base import U32, U64
 from qim.schemas.frames.connection import Error
+from qim.schemas.frames.history import HistoryBatch, PullHistory
+from qim.schemas.frames.members import (
+    CreateGroup,
+    LeaveGroup,
+    MemberListBatch,
+    PullMembers,
+)
 from qim.schemas.frames.messaging import SendAck, SendMessage
-from qim.schemas.hashing import hash_input, validate_identifier
+from qim.schemas.hashing import blake3_digest, hash_input, validate_identifier
 
 __all__ = [
+    "AdminGroupRequest",
+    "AdminReply",
+    "AdminReplyTo",
     "ConversationRequest",
+    "CreateGroupRequest",
     "GatewayRecord",
+    "LeaveGroupRequest",
+    "PullHistoryRequest",
+    "PullMembersRequest",
     "SendRequest",
     "WriterReply",
     "conversation_key",
+    "conversation_partition",
+    "decode_admin_reply",
     "decode_conversation_request",
     "decode_writer_reply",
     "encode_record",
@@ -58,6 +74,20 @@ def conversation_key(tenant_id: str, conversation_id: str) -> bytes:
     validate_identifier(tenant_id, "tenant_id")
     validate_identifier(conversation_id, "conversation_id")
     return hash_input(tenant_id, conversation_id)
+
+
+def conversation_partition(tenant_id: str, conversation_id: str, partition_count: int) -> int:
+    """The explicit partition of a conversation in conversation-requests and the outbox.
+
+    ``be_u64(blake3(conversation_key)[0:8]) mod partition_count``: every producer (gateways, the
+    admin endpoint, tests) computes the same partition with no client-library partitioner, and
+    the ConversationWriter of partition p appends the conversation's outbox records to outbox
+    partition p (both topics have the same count, direction.md section 3).
+    """
+    if partition_count <= 0:
+        raise ValueError("partition_count must be positive")
+    digest = blake3_digest(conversation_key(tenant_id, conversation_id))
+    return int.from_bytes(digest[:8], "big") % partition_count
 
 
 def user_key(tenant_id: str, user_id: str) -> bytes:
@@ -92,16 +122,116 @@ class SendRequest(_Record, tag="send", kw_only=True, frozen=True):
         return conversation_key(self.tenant_id, self.message.conversation_id)
 
 
-ConversationRequest: TypeAlias = SendRequest
+class _FromSession(_Record, kw_only=True, frozen=True):
+    """A client request forwarded by the gateway: who asked (from the authenticated session,
+    never from the frame) and where the reply goes (the same fields as :class:`WriterReply`)."""
+
+    tenant_id: str
+    user_id: str
+    device_id: str
+    session_epoch: U64
+    connection_shard: U32
+    request_id: U32
+
+
+class PullHistoryRequest(_FromSession, tag="pull_history", kw_only=True, frozen=True):
+    """PULL_HISTORY, answered with ``WriterReply.history`` (spec A.3 #5)."""
+
+    message: PullHistory
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.message.conversation_id)
+
+
+class PullMembersRequest(_FromSession, tag="pull_members", kw_only=True, frozen=True):
+    """PULL_MEMBERS, answered with ``WriterReply.members`` (spec A.3 #20)."""
+
+    message: PullMembers
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.message.conversation_id)
+
+
+class CreateGroupRequest(_FromSession, tag="create_group", kw_only=True, frozen=True):
+    """CREATE_GROUP: ``user_id`` is the creator; answered with ``WriterReply.members``."""
+
+    message: CreateGroup
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.message.group_id)
+
+
+class LeaveGroupRequest(_FromSession, tag="leave_group", kw_only=True, frozen=True):
+    """LEAVE_GROUP: ``user_id`` is the leaver; answered with ``WriterReply.members``."""
+
+    message: LeaveGroup
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.message.group_id)
+
+
+class AdminReplyTo(_Record, tag="admin_reply_to", kw_only=True, frozen=True):
+    """Where an admin request's answer goes: ``qim.admin-replies``, key ``node_id``."""
+
+    node_id: str
+    correlation_id: str
+
+
+class AdminGroupRequest(_Record, tag="admin_group", kw_only=True, frozen=True):
+    """The trusted admin plane's GroupAdd / GroupRemove / create (spec A.3 #21-#22 notes).
+
+    ``action`` is ``"create"``, ``"add"`` or ``"remove"``; ``ban`` with remove also bans.
+    ``actor`` is the operator recorded in the CONTROL message.
+    """
+
+    tenant_id: str
+    group_id: str
+    action: str
+    actor: str
+    member_ids: tuple[str, ...] = ()
+    ban: bool = False
+    reply_to: AdminReplyTo | None = None
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.group_id)
+
+
+ConversationRequest: TypeAlias = (
+    SendRequest
+    | PullHistoryRequest
+    | PullMembersRequest
+    | CreateGroupRequest
+    | LeaveGroupRequest
+    | AdminGroupRequest
+)
 """Every kind of the conversation-requests topic. Add a kind: a ``_Record`` subclass with its own
-``tag`` here (``SendRequest | RecallRequest | ...``); old consumers reject an unknown tag, so
-deploy consumers before producers."""
+``tag`` here; old consumers reject an unknown tag, so deploy consumers before producers."""
+
+
+class AdminReply(_Record, tag="admin_reply", kw_only=True, frozen=True):
+    """The answer to an :class:`AdminGroupRequest`, on ``qim.admin-replies`` (key ``node_id``)."""
+
+    node_id: str
+    correlation_id: str
+    error: Error | None = None
+    membership_version: U64 = 0
+    member_count: U32 = 0
+
+    @property
+    def key(self) -> bytes:
+        return self.node_id.encode("utf-8")
 
 
 class WriterReply(_Record, tag="reply", kw_only=True, frozen=True):
     """A reply to one request, for the gateway owning ``connection_shard`` to write as a frame.
 
-    Exactly one of ``send_ack`` / ``error`` is set (checked on construction and on decode).
+    Exactly one of ``send_ack`` / ``error`` / ``history`` / ``members`` is set (checked on
+    construction and on decode).
     """
 
     tenant_id: str
@@ -112,10 +242,23 @@ class WriterReply(_Record, tag="reply", kw_only=True, frozen=True):
     request_id: U32
     send_ack: SendAck | None = None
     error: Error | None = None
+    history: HistoryBatch | None = None
+    members: MemberListBatch | None = None
 
     def __post_init__(self) -> None:
-        if (self.send_ack is None) == (self.error is None):
-            raise ValueError("a WriterReply carries exactly one of send_ack and error")
+        bodies = (self.send_ack, self.error, self.history, self.members)
+        if sum(b is not None for b in bodies) != 1:
+            raise ValueError(
+                "a WriterReply carries exactly one of send_ack, error, history and members"
+            )
+
+    @property
+    def body(self) -> SendAck | Error | HistoryBatch | MemberListBatch:
+        """The frame body the gateway writes to the connection."""
+        for b in (self.send_ack, self.error, self.history, self.members):
+            if b is not None:
+                return b
+        raise AssertionError("unreachable: checked in __post_init__")
 
     @property
     def key(self) -> bytes:
@@ -134,6 +277,7 @@ _REQUEST_DECODER: msgspec.msgpack.Decoder[ConversationRequest] = msgspec.msgpack
     ConversationRequest
 )
 _REPLY_DECODER: msgspec.msgpack.Decoder[GatewayRecord] = msgspec.msgpack.Decoder(GatewayRecord)
+_ADMIN_DECODER: msgspec.msgpack.Decoder[AdminReply] = msgspec.msgpack.Decoder(AdminReply)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
@@ -150,3 +294,8 @@ def decode_conversation_request(data: bytes) -> ConversationRequest:
 def decode_writer_reply(data: bytes) -> GatewayRecord:
     """Decode a to-gateway value written by the ConversationWriter."""
     return _REPLY_DECODER.decode(data)
+
+
+def decode_admin_reply(data: bytes) -> AdminReply:
+    """Decode a ``qim.admin-replies`` value."""
+    return _ADMIN_DECODER.decode(data)

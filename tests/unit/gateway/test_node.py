@@ -8,10 +8,10 @@ from websockets.exceptions import InvalidStatus
 
 from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.ports import AuthGrant, AuthRequest, RouteToken
-from qim.gateway.presence import PresenceKey
 from qim.gateway.presence_writer import MemoryPresence
 from qim.params import Settings
 from qim.schemas.frames import Error, ErrorCode, Kicked
+from qim.schemas.records.presence import PresenceKey
 from tests.gateway_support import memory_mint, running_gateway, wait_until
 
 

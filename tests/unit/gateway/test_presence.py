@@ -4,8 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from qim.gateway.presence import PresenceEntry, PresenceKey, decode_presence, encode_presence
 from qim.schemas import mailbox_shard_id, user_bucket
+from qim.schemas.records.presence import (
+    PresenceEntry,
+    PresenceKey,
+    decode_presence,
+    encode_presence,
+)
 
 
 def test_key_is_the_canonical_tuple_encoding_and_round_trips() -> None:
