@@ -4,6 +4,14 @@ Frames (``qim.schemas.frames``) are the client wire; records are what the proces
 through topics. Each module documents its topic, key and partitioning.
 """
 
+from qim.schemas.records.dispatch import (
+    DispatchLogRecord,
+    EventTemplate,
+    GroupDispatch,
+    decode_dispatch_record,
+    dispatch_key,
+    encode_dispatch_record,
+)
 from qim.schemas.records.membership import (
     ACTIONS,
     MEMBERSHIP_CUSTOM_TYPE,
@@ -75,7 +83,10 @@ __all__ = [
     "ConversationKind",
     "ConversationRequest",
     "CreateGroupRequest",
+    "DispatchLogRecord",
+    "EventTemplate",
     "GatewayRecord",
+    "GroupDispatch",
     "GroupMembershipVersion",
     "LeaveGroupRequest",
     "MemberSliceRecord",
@@ -101,12 +112,15 @@ __all__ = [
     "decode_admin_reply",
     "decode_control",
     "decode_conversation_request",
+    "decode_dispatch_record",
     "decode_member_slice",
     "decode_membership_committed",
     "decode_outbox_record",
     "decode_presence",
     "decode_writer_reply",
+    "dispatch_key",
     "encode_control",
+    "encode_dispatch_record",
     "encode_membership_record",
     "encode_outbox_record",
     "encode_presence",

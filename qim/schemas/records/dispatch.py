@@ -1,0 +1,131 @@
+"""The dispatch log: one partition per MailboxShard, the MailboxNode's only input of state.
+
+Topic ``qim.dispatch``, **explicit partition = target mailbox shard** (never key hash, spec
+6.5). Every change to mailbox-side state is a record here (direction.md 3): a
+:class:`GroupDispatch` per (committed message, target shard) from the FanoutCoordinator (spec
+7.8), the member slices of each membership version (:class:`MemberSliceRecord`, published before
+any dispatch pinned to that version, direction.md 4.3), and later the users' own state commands
+(mark read, pin, mute...). ``mailbox_seq`` = (shard_epoch, offset of the record in its
+partition), so the MailboxNode's store is a pure function of this log.
+
+Values are tagged msgpack maps (``kind``), defaults omitted, unknown keys ignored on decode.
+"""
+
+from __future__ import annotations
+
+from typing import TypeAlias
+
+import msgspec
+
+from qim.schemas.frames.base import U8, U32, U64, U128
+from qim.schemas.hashing import hash_input
+from qim.schemas.records.membership import MemberSliceRecord
+from qim.schemas.records.outbox import ConversationKind, RetentionClass
+
+__all__ = [
+    "DispatchLogRecord",
+    "EventTemplate",
+    "GroupDispatch",
+    "decode_dispatch_record",
+    "dispatch_key",
+    "encode_dispatch_record",
+]
+
+
+class EventTemplate(
+    msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True, forbid_unknown_fields=False
+):
+    """How recipients' entries are derived (spec 7.3 flags, 7.8 event_template).
+
+    ``counts_unread`` / ``affects_session_order`` / ``timeline_visible`` become the entry's
+    ``flags`` (the sender's own entry never counts unread, spec 12.5.1). ``mention_targets`` are
+    user ids (or ``"@all"``): a recipient named there also gets a MENTION entry in the same event
+    group (spec 6.7). ``reply_to_sender_id`` gives that user ``mention_type = REPLY_ME``.
+    """
+
+    counts_unread: bool = True
+    affects_session_order: bool = True
+    timeline_visible: bool = True
+    mention_targets: tuple[str, ...] = ()
+    reply_to_sender_id: str = ""
+
+
+class GroupDispatch(
+    msgspec.Struct,
+    kw_only=True,
+    omit_defaults=True,
+    frozen=True,
+    forbid_unknown_fields=False,
+    tag_field="kind",
+    tag="dispatch",
+):
+    """One committed message for one target MailboxShard (spec 7.8; exactly one per shard).
+
+    Recipients: for a group, the members of ``membership_version`` in this shard (the slice the
+    MailboxNode holds) whose visible interval contains ``conversation_seq``; for a direct
+    conversation, ``participants`` that fall in this shard. The body always rides along
+    (direction.md 4.4: stored once per shard, joined at read time); ``inline_body`` is the
+    writer's ADR-0005 decision and only changes whether entries carry it materialized.
+    ``client_message_id`` goes on the sender's own entry only; ``origin_device_id`` is the
+    sending device (control events are not pushed back to it, spec 7.3, 9.7).
+    ``chunk_index``/``chunk_count`` split a dispatch whose event groups would exceed the 6.7 caps
+    (a split gets another ``dispatch_id`` input: the chunk index is part of its identity).
+    """
+
+    tenant_id: str
+    dispatch_id: bytes  # 16 bytes, spec 7.8 frozen derivation (qim.schemas.dispatch_id)
+    message_id: U128
+    conversation_id: str
+    conversation_kind: ConversationKind
+    conversation_seq: U64
+    last_activity_id: U128
+    sender_id: str
+    origin_device_id: str = ""
+    client_message_id: str = ""
+    participants: tuple[str, ...] = ()
+    fencing_epoch: U64 = 0
+    membership_version: U64 = 0
+    target_mailbox_shard: U32
+    committed_at: U64
+    event_template: EventTemplate = EventTemplate()
+    event_type: U8 = 0  # EventType of the primary entry: MESSAGE, MEMBERSHIP or CONTROL
+    inline_body: bool = False
+    message_type: U8 = 0
+    custom_type: str = ""
+    schema_version: U32 = 0
+    payload: bytes = b""
+    reply_to_conversation_seq: U64 | None = None
+    retention_class: RetentionClass = "default"
+    chunk_index: U32 = 0
+    chunk_count: U32 = 1
+
+    @property
+    def key(self) -> bytes:
+        return dispatch_key(self.tenant_id, self.dispatch_id)
+
+    @property
+    def partition(self) -> int:
+        return self.target_mailbox_shard
+
+
+DispatchLogRecord: TypeAlias = GroupDispatch | MemberSliceRecord
+"""Every kind of the dispatch log; user state commands join this union with the session list."""
+
+_DECODER: msgspec.msgpack.Decoder[DispatchLogRecord] = msgspec.msgpack.Decoder(DispatchLogRecord)
+_ENCODER = msgspec.msgpack.Encoder()
+
+
+def dispatch_key(tenant_id: str, dispatch_id: bytes) -> bytes:
+    """Kafka key of a dispatch: ``tenant 0x00 dispatch_id`` (direction.md 3)."""
+    if len(dispatch_id) != 16:
+        raise ValueError("dispatch_id is 16 bytes")
+    return hash_input(tenant_id, dispatch_id)
+
+
+def encode_dispatch_record(record: DispatchLogRecord) -> bytes:
+    return _ENCODER.encode(record)
+
+
+def decode_dispatch_record(data: bytes) -> DispatchLogRecord:
+    """Decode a dispatch-log value; raises ``msgspec.ValidationError`` / ``DecodeError``."""
+    return _DECODER.decode(data)
