@@ -358,6 +358,14 @@ def _new_token_id() -> str:
     return secrets.token_urlsafe(16)
 
 
+def _expiry(now_ms: int, ttl_ms: int) -> int:
+    """The expiry of a token issued at ``now_ms`` for ``ttl_ms``; both checked."""
+    _check_time(now_ms, "now_ms")
+    if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
+        raise ValueError("ttl_ms must be a positive int")
+    return now_ms + ttl_ms
+
+
 class TokenCodec:
     """Signs and verifies both token kinds with one :class:`KeyRing` and one clock-skew rule."""
 
@@ -404,15 +412,13 @@ class TokenCodec:
         token_id: str | None = None,
     ) -> Issued[AccessClaims]:
         """Sign an access token valid for ``ttl_ms`` from ``now_ms``."""
-        _check_time(now_ms, "now_ms")
-        if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
-            raise ValueError("ttl_ms must be a positive int")
+        expires_at_ms = _expiry(now_ms, ttl_ms)
         claims = AccessClaims(
             tenant_id=tenant_id,
             user_id=user_id,
             device_id=device_id,
             issued_at_ms=now_ms,
-            expires_at_ms=now_ms + ttl_ms,
+            expires_at_ms=expires_at_ms,
             token_id=token_id if token_id is not None else _new_token_id(),
             kid=self._keyring.active.kid,
         )
@@ -430,16 +436,14 @@ class TokenCodec:
         token_id: str | None = None,
     ) -> Issued[RouteClaims]:
         """Sign a route token (REDIRECT): single use is enforced by the caller's store."""
-        _check_time(now_ms, "now_ms")
-        if isinstance(ttl_ms, bool) or not isinstance(ttl_ms, int) or ttl_ms <= 0:
-            raise ValueError("ttl_ms must be a positive int")
+        expires_at_ms = _expiry(now_ms, ttl_ms)
         claims = RouteClaims(
             tenant_id=tenant_id,
             user_id=user_id,
             device_id=device_id,
             connection_shard=connection_shard,
             issued_at_ms=now_ms,
-            expires_at_ms=now_ms + ttl_ms,
+            expires_at_ms=expires_at_ms,
             token_id=token_id if token_id is not None else _new_token_id(),
             kid=self._keyring.active.kid,
         )
