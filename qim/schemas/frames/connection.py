@@ -58,6 +58,9 @@ class AuthOk(Body):
     preferred_endpoint: str = ""
     sync_delay_hint_ms: U32 = 0
     next_ping_interval_ms: U32 = 0
+    # Not in A.4 #1: the signed MailboxCursor token (6.8) a device keeps and presents in its next
+    # AUTH; without a carrier a device could never hold one. Omitted when empty.
+    mailbox_cursor_token: bytes = b""
 
 
 class Ping(Body):
