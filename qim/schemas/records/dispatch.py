@@ -39,8 +39,10 @@ class EventTemplate(
 
     ``counts_unread`` / ``affects_session_order`` / ``timeline_visible`` become the entry's
     ``flags`` (the sender's own entry never counts unread, spec 12.5.1). ``mention_targets`` are
-    user ids (or ``"@all"``): a recipient named there also gets a MENTION entry in the same event
-    group (spec 6.7). ``reply_to_sender_id`` gives that user ``mention_type = REPLY_ME``.
+    user ids (or ``"@all"``): a named recipient's MESSAGE entry carries the ``mention_type``
+    (spec 11.4.1); a separate MENTION entry in the same event group exists only in the
+    ``mention_only`` write tier (spec 6.7, 10.2.3). ``reply_to_sender_id`` gives that user
+    ``mention_type = REPLY_ME``.
     """
 
     counts_unread: bool = True
@@ -63,8 +65,11 @@ class GroupDispatch(
 
     Recipients: for a group, the members of ``membership_version`` in this shard (the slice the
     MailboxNode holds) whose visible interval contains ``conversation_seq``; for a direct
-    conversation, ``participants`` that fall in this shard. The body always rides along
-    (direction.md 4.4: stored once per shard, joined at read time); ``inline_body`` is the
+    conversation, ``participants`` that fall in this shard. A membership notice lists the
+    affected users in ``participants`` (they get a MEMBERSHIP entry even after leaving); with
+    ``membership_version = 0`` only those listed users receive it (large groups, spec 26.3.9).
+    The body always rides along (direction.md 4.4: stored once per shard, joined at read
+    time); ``inline_body`` is the
     writer's ADR-0005 decision and only changes whether entries carry it materialized.
     ``client_message_id`` goes on the sender's own entry only; ``origin_device_id`` is the
     sending device (control events are not pushed back to it, spec 7.3, 9.7).

@@ -1,0 +1,143 @@
+"""One GroupDispatch per target MailboxShard, every field copied from the commit (spec 7.8, 10.1).
+
+Why copy and never look up: the MailboxNode materializes entries from the dispatch alone (spec
+6.7 I-5: ``created_at = committed_at``, ``event_id`` from ``dispatch_id``), and the commit record
+already carries every decision taken at commit time (``qim.schemas.records.outbox``). The body
+always rides along (direction 4.4: stored once per shard, joined at read time); ``inline_body``
+is the writer's ADR-0005 decision, shipped unchanged to every shard (spec 7.3, 26.3.7).
+
+Event templates (spec 7.3 flags, 12.4 table, 12.5.1):
+
+* a committed message: ``event_type = MESSAGE`` and all three flags true. The sender's own entry
+  never counts unread (12.5.1 ``m.sender_id != u``; a MailboxNode rule). Per-custom-type flags
+  belong to the spec 13.3 registry, which does not exist yet; until it does every message counts.
+* a membership CONTROL message (``qim.membership.v1``, App. A.3, ADR-0021): ``event_type =
+  MEMBERSHIP`` for its subjects (the joined, left, removed or banned users), with
+  ``counts_unread = false`` (joining creates no unread, 10.1.3), ``affects_session_order = true``
+  (the conversation moves: 12.4 "create/join", "leave", "kicked") and ``timeline_visible = true``
+  ("you joined the group", 26.3.5). The subjects are explicit recipients (``participants`` =
+  the subjects on that shard): a leaver is no longer in the new version, and its ``left_at`` is
+  this very seq, so no member expansion would reach it.
+* broadcast (10.1.3): with ``member_count <= membership_event_broadcast_max_members`` the same
+  dispatch pins the new ``membership_version`` and the other members get it as an ordinary
+  MESSAGE entry (same flags: a notice, not unread); above the threshold it pins version 0, which
+  means "explicit recipients only", exactly like a direct conversation, so non-subjects get 0
+  entries (26.3.9).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from qim.core.fanout.event_group import chunk_dispatch_id
+from qim.schemas.events import EventType
+from qim.schemas.ids import message_id_from_bytes
+from qim.schemas.records.dispatch import EventTemplate, GroupDispatch
+from qim.schemas.records.membership import (
+    MEMBERSHIP_CUSTOM_TYPE,
+    MESSAGE_TYPE_CONTROL,
+    MembershipCommitted,
+    control_of,
+    encode_control,
+)
+from qim.schemas.records.outbox import GROUP, MessageCommitted
+
+__all__ = [
+    "MEMBERSHIP_TEMPLATE",
+    "MESSAGE_TEMPLATE_FLAGS",
+    "membership_dispatch",
+    "message_dispatch",
+    "message_template",
+    "shards_of",
+]
+
+MESSAGE_TEMPLATE_FLAGS = EventTemplate(
+    counts_unread=True, affects_session_order=True, timeline_visible=True
+)
+"""Flags of a committed message until the spec 13.3 custom-type registry exists."""
+
+MEMBERSHIP_TEMPLATE = EventTemplate(
+    counts_unread=False, affects_session_order=True, timeline_visible=True
+)
+"""Flags of a membership CONTROL message, for its subjects and for a broadcast alike."""
+
+
+def message_template(record: MessageCommitted) -> EventTemplate:
+    """The template of a committed message: its flags plus its mention targets."""
+    return EventTemplate(
+        counts_unread=MESSAGE_TEMPLATE_FLAGS.counts_unread,
+        affects_session_order=MESSAGE_TEMPLATE_FLAGS.affects_session_order,
+        timeline_visible=MESSAGE_TEMPLATE_FLAGS.timeline_visible,
+        mention_targets=record.mention_targets,
+    )
+
+
+def shards_of(users: tuple[str, ...], shard_of: Callable[[str], int]) -> tuple[int, ...]:
+    """Distinct MailboxShards of ``users``, ascending (never set-iteration order)."""
+    return tuple(sorted({shard_of(user) for user in users}))
+
+
+def message_dispatch(record: MessageCommitted, shard: int) -> GroupDispatch:
+    """The unsplit dispatch of a committed message for one target shard (chunk 0 of 1)."""
+    return GroupDispatch(
+        tenant_id=record.tenant_id,
+        dispatch_id=chunk_dispatch_id(message_id_from_bytes(record.message_id), shard),
+        message_id=record.message_id,
+        conversation_id=record.conversation_id,
+        conversation_kind=record.conversation_kind,
+        conversation_seq=record.conversation_seq,
+        last_activity_id=record.last_activity_id,
+        sender_id=record.sender_id,
+        origin_device_id=record.origin_device_id,
+        client_message_id=record.client_message_id,
+        participants=record.participants,
+        fencing_epoch=record.fencing_epoch,
+        membership_version=record.membership_version,
+        target_mailbox_shard=shard,
+        committed_at=record.committed_at,
+        event_template=message_template(record),
+        event_type=int(EventType.MESSAGE),  # plain int: an IntEnum 0 is not omitted as default
+        inline_body=record.inline_body,
+        message_type=record.message_type,
+        custom_type=record.custom_type,
+        payload=record.payload,
+        reply_to_conversation_seq=record.reply_to_conversation_seq,
+        retention_class=record.retention_class,
+    )
+
+
+def membership_dispatch(
+    record: MembershipCommitted,
+    shard: int,
+    *,
+    subjects: tuple[str, ...],
+    broadcast: bool,
+    fencing_epoch: int = 0,
+) -> GroupDispatch:
+    """The dispatch of a membership CONTROL message for one shard (module docstring).
+
+    ``subjects`` are the record's targets routed to ``shard`` (ascending); ``broadcast`` pins
+    the new version so the MailboxNode also expands the shard's other members.
+    ``MembershipCommitted`` carries no ``fencing_epoch``; the caller passes the writer epoch it
+    knows (0 = unfenced, spec 19.2.1 while ADR-0020 holds).
+    """
+    return GroupDispatch(
+        tenant_id=record.tenant_id,
+        dispatch_id=chunk_dispatch_id(message_id_from_bytes(record.message_id), shard),
+        message_id=record.message_id,
+        conversation_id=record.group_id,
+        conversation_kind=GROUP,
+        conversation_seq=record.conversation_seq,
+        last_activity_id=record.last_activity_id,
+        sender_id=record.actor,
+        participants=subjects,
+        fencing_epoch=fencing_epoch,
+        membership_version=record.membership_version if broadcast else 0,
+        target_mailbox_shard=shard,
+        committed_at=record.committed_at,
+        event_template=MEMBERSHIP_TEMPLATE,
+        event_type=int(EventType.MEMBERSHIP),
+        message_type=MESSAGE_TYPE_CONTROL,
+        custom_type=MEMBERSHIP_CUSTOM_TYPE,
+        payload=encode_control(control_of(record)),
+    )
