@@ -88,13 +88,13 @@ USER_REQUESTS = TopicSpec(
     cleanup="delete",
     retention_ms=HOUR_MS,
     producer="ConnectionNode",
-    consumer="MailboxNode (reads: auth sync, pull mailbox, session list)",
+    consumer="MailboxNode (reads: auth sync, pull mailbox, session list; PRESENCE_STALE)",
 )
 TO_GATEWAY = TopicSpec(
     name="qim.to-gateway",
     partitions_param="connection_shard_count",
     partitioned_by="explicit partition = connection_shard_id",
-    key="(tenant, user_id)",
+    key="(tenant, user_id) for replies, (tenant, conversation_id) for PushBatch",
     cleanup="delete",
     retention_ms=HOUR_MS,
     producer="ConversationWriter, MailboxNode",
