@@ -1,0 +1,120 @@
+"""The entries a dispatch writes on this shard: who (the shared rule) and what (this module).
+
+Who receives what kind of entry is ONE pure function shared with the producer,
+:func:`qim.core.fanout.recipients.expand_dispatch` -- explicit recipients (a direct
+conversation's participants, a membership message's subjects) routed to this shard, plus, for a
+group dispatch pinning a version, that version's slice members with ``joined_at <
+conversation_seq`` (10.1 step 9: the slice holds only members active in the version, so a member
+who left before the seq is not in it, and the leave event at ``left_at`` reaches the leaver only
+as its own MEMBERSHIP notice); mentions per 11.4.1. The MailboxNode calls it here and the
+fanout side sizes and tests its dispatches against it, so the two cannot drift.
+
+What each entry holds is decided here, deterministically (spec 6.7, 7.3, I-5):
+
+* ``event_ordinal`` = ``event_type``; ``event_id`` = the frozen BLAKE3 derivation over the
+  dispatch's ``dispatch_id``; ``created_at`` = ``committed_at``;
+* flags from the template; the sender's own entry never counts unread (6.9.1, 12.5.1) and is
+  the only one with ``client_message_id``; a CONTROL event carries ``origin_device_id`` there
+  so the originating device can skip its own echo (9.7);
+* ``visibility_floor_conversation_seq`` = the member's ``joined_at`` (0 without a slice row);
+* a MENTION entry (only with ``mention_entries``) carries no flags and no body: unread, order
+  and the body stay with the primary entry of the same event group;
+* the body is inline only when the dispatch says so (ADR-0005: the writer decides).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from qim.core.fanout.recipients import expand_dispatch
+from qim.core.mailbox.values import StoredEntry
+from qim.core.membership.slices import ShardSlice
+from qim.schemas.events import EventType, event_id
+from qim.schemas.frames.base import EntryFlags
+from qim.schemas.records.dispatch import GroupDispatch
+
+__all__ = ["EntryRow", "entries_by_user"]
+
+
+@dataclass(frozen=True, slots=True)
+class EntryRow:
+    """One entry to write: its clustering fields and stored value."""
+
+    event_ordinal: int
+    event_id: int
+    entry: StoredEntry
+
+
+def entries_by_user(
+    dispatch: GroupDispatch,
+    shard_slice: ShardSlice | None,
+    shard_of: Callable[[str], int],
+    *,
+    mention_entries: bool,
+) -> dict[str, list[EntryRow]]:
+    """Each recipient's event group, users ascending, rows in ``(ordinal, event_id)`` order."""
+    joined: Mapping[str, int] = (
+        {}
+        if shard_slice is None
+        else dict(zip(shard_slice.user_ids, shard_slice.joined_at, strict=True))
+    )
+    out: dict[str, list[EntryRow]] = {}
+    for delivery in expand_dispatch(
+        dispatch, shard_slice, shard_of, mention_entries=mention_entries
+    ):
+        kind = EventType(delivery.event_type)
+        row = EntryRow(
+            event_ordinal=int(kind),
+            event_id=event_id(dispatch.tenant_id, dispatch.dispatch_id, delivery.user_id, kind),
+            entry=_entry(dispatch, delivery.user_id, kind, delivery.mention_type, joined),
+        )
+        out.setdefault(delivery.user_id, []).append(row)
+    for rows in out.values():
+        rows.sort(key=lambda row: (row.event_ordinal, row.event_id))
+    return out
+
+
+def _entry(
+    dispatch: GroupDispatch,
+    user_id: str,
+    kind: EventType,
+    mention_type: int,
+    joined: Mapping[str, int],
+) -> StoredEntry:
+    own = user_id == dispatch.sender_id
+    mention = kind == EventType.MENTION
+    inline = dispatch.inline_body and not mention
+    return StoredEntry(
+        event_type=int(kind),
+        message_id=dispatch.message_id,
+        conversation_id=dispatch.conversation_id,
+        conversation_seq=dispatch.conversation_seq,
+        last_activity_id=dispatch.last_activity_id,
+        sender_id=dispatch.sender_id,
+        visibility_floor_conversation_seq=joined.get(user_id, 0),
+        flags=0 if mention else _flags(dispatch, own),
+        mention_type=mention_type,
+        created_at=dispatch.committed_at,
+        client_message_id=(dispatch.client_message_id or None) if own and not mention else None,
+        origin_device_id=(
+            (dispatch.origin_device_id or None) if own and kind == EventType.CONTROL else None
+        ),
+        inline=inline,
+        inline_message_type=dispatch.message_type if inline else 0,
+        inline_custom_type=dispatch.custom_type if inline else "",
+        inline_schema_version=dispatch.schema_version if inline else 0,
+        inline_payload=dispatch.payload if inline else b"",
+    )
+
+
+def _flags(dispatch: GroupDispatch, own: bool) -> int:
+    template = dispatch.event_template
+    flags = 0
+    if template.counts_unread and not own:
+        flags |= EntryFlags.COUNTS_UNREAD
+    if template.affects_session_order:
+        flags |= EntryFlags.AFFECTS_SESSION_ORDER
+    if template.timeline_visible:
+        flags |= EntryFlags.TIMELINE_VISIBLE
+    return int(flags)
