@@ -1,4 +1,4 @@
-"""`qim`: the operator's entry point (the local stack now; tokens, groups, audit, replay later)."""
+"""`qim`: the operator's entry point: the local stack, tokens, groups (audit, replay later)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import threading
 
 import click
 
+from qim.admin.cli import admin, group
 from qim.auth.cli import token
 from qim.devstack.stack import Stack
 from qim.gateway.cli import gateway
@@ -16,7 +17,7 @@ from qim.gateway.cli import gateway
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Operate a qim installation: the local stack and, later, tokens, groups, audit, replay."""
+    """Operate a qim installation: the local stack, tokens, groups (later: audit, replay)."""
 
 
 @main.command()
@@ -64,6 +65,7 @@ def status() -> None:
     ok = st["kafka"]["answers_metadata"] and st["redis"]["answers_ping"]
     ok = ok and all(w["health"] and w["health"].get("ready") for w in st["workers"].values())
     ok = ok and all(g["listening"] for g in st["gateways"].values())
+    ok = ok and all(a["listening"] for a in st["admins"].values())
     sys.exit(0 if ok else 1)
 
 
@@ -105,6 +107,8 @@ def topology(check: bool) -> None:
 
 main.add_command(token)
 main.add_command(gateway)
+main.add_command(group)
+main.add_command(admin)
 
 if __name__ == "__main__":
     main()

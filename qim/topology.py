@@ -63,6 +63,8 @@ def _processes() -> str:
             f"| ConnectionNode `{g.name}` | `qim gateway` | {g.ws_port} (ws), "
             f"{g.metrics_port} (`/metrics`) |"
         )
+    for a in cfg.admins:
+        rows.append(f"| group admin `{a.name}` | `qim admin serve` | {a.port} (HTTP) |")
     return "\n".join(rows)
 
 

@@ -1,9 +1,57 @@
-"""The conversation app: ConversationWriter, GroupMembership, HistoryArchiver, FanoutCoordinator.
+"""The conversation app: ConversationWriter, GroupMembership, HistoryArchiver.
 
-Run with `faust -A qim.apps.conversation worker`. Its agents arrive with the conversation issue;
-today it joins the cluster, owns nothing and reports healthy.
+Run with `faust -A qim.apps.conversation worker`. The ConversationWriter is a service of this
+app (``qim.agents.conversation_writer``): its own consumer group ``qim-conversation-writers``
+on ``qim.conversation-requests``, one transactional producer per owned partition, and the
+MessageStore (RocksDB per partition) under the worker's ``--datadir``. GroupMembership and the
+HistoryArchiver run inside it, on the same outbox records. The FanoutCoordinator arrives with
+the fanout issue.
+
+``/writer`` shows which partitions this worker owns and serves (tests wait on it; ``/healthz``
+only covers Faust's own readiness).
 """
 
-from qim.apps.base import make_app
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from faust.web import Request, Response, View
+
+from qim.agents.conversation_writer import ConversationWriterService
+from qim.agents.writer_options import WriterOptions
+from qim.apps.base import ROCKSDB_OPTIONS, kafka_bootstrap, make_app
+from qim.params import Settings
 
 app = make_app("qim-conversation")
+
+
+class _Running:
+    """The one writer service of this process, once Faust has started it."""
+
+    service: ConversationWriterService | None = None
+
+
+@app.service
+class ConversationWriter(ConversationWriterService):
+    """The ConversationWriter of the partitions the group gives this worker."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        options = WriterOptions.load(
+            Settings.load(),
+            os.environ,
+            bootstrap=kafka_bootstrap(),
+            datadir=Path(app.conf.datadir),
+            store_caps=ROCKSDB_OPTIONS,
+        )
+        super().__init__(options, **kwargs)
+        _Running.service = self
+
+
+@app.page("/writer")
+async def writer_status(web: View, request: Request) -> Response:
+    service = _Running.service
+    if service is None:
+        return web.json({"started": False}, status=503)
+    return web.json({"started": True, **service.status()})

@@ -12,6 +12,7 @@ Usage::
             seq = batch.covered_through_seq  # after applying batch.entries
         await client.sync_complete(ok.sync_to_seq)  # -> ONLINE_READY
         ack = await client.send_message("g:team", b"hello")
+        ack = await client.send_direct("bob", b"hi")  # one-to-one: the id is derived
         async for frame in client.events():  # PUSH_EVENTS, KICKED, SESSION_DELTA, ...
             print(frame.name, frame.body)
 
@@ -42,6 +43,7 @@ from qim.client.errors import (
 )
 from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
+from qim.client.identity import Identity, direct_conversation_id, identity_from_token
 from qim.client.state import TRANSITIONS, ClientEvent, ClientState, ClientStateMachine
 from qim.client.transport import (
     ALPN_QIM,
@@ -69,6 +71,7 @@ __all__ = [
     "FramedConnection",
     "HeartbeatConfig",
     "HeartbeatState",
+    "Identity",
     "IllegalTransition",
     "MemoryNetwork",
     "MemoryTransport",
@@ -84,7 +87,9 @@ __all__ = [
     "TransportError",
     "UnexpectedFrame",
     "WebSocketTransport",
+    "direct_conversation_id",
     "encode_auth",
+    "identity_from_token",
     "open_transport",
     "parse_url",
     "resolve_hint",

@@ -13,6 +13,7 @@ import uuid
 from typing import TypeVar
 
 from qim.client.errors import UnexpectedFrame
+from qim.client.identity import Identity
 from qim.schemas.frames import (
     Body,
     CreateGroup,
@@ -39,6 +40,9 @@ R = TypeVar("R", bound=Body)
 class FrameCalls:
     """Mixin of :class:`~qim.client.QimClient`: one method per request frame."""
 
+    identity: Identity | None = None
+    """Tenant and user of this client (from the access token at connect, or set by the app)."""
+
     async def _call(self, body: Body, reply: type[R], timeout: float | None) -> R:
         raise NotImplementedError
 
@@ -52,11 +56,14 @@ class FrameCalls:
         custom_type: str = "",
         mention_targets: tuple[str, ...] = (),
         reply_to_conversation_seq: int | None = None,
+        peer_user_id: str = "",
         timeout: float | None = None,
     ) -> SendAck:
         """SEND_MESSAGE (A.3 #4) -> SEND_ACK; ``client_message_id`` defaults to a fresh uuid4.
 
         Resend with the same ``client_message_id`` to retry idempotently (§8, 7200 s window).
+        ``peer_user_id`` names the other user of a one-to-one (``d:``) conversation, whose id
+        is a one-way hash; leave it empty for groups. :meth:`send_direct` fills both in.
         """
         cmid = client_message_id or uuid.uuid4().hex
         body = SendMessage(
@@ -67,11 +74,63 @@ class FrameCalls:
             payload=payload,
             mention_targets=mention_targets,
             reply_to_conversation_seq=reply_to_conversation_seq,
+            peer_user_id=peer_user_id,
         )
         ack = await self._call(body, SendAck, timeout)
         if ack.client_message_id != cmid:  # A.4 #6: must echo it
             raise UnexpectedFrame(f"SEND_ACK echoes {ack.client_message_id!r}, sent {cmid!r}")
         return ack
+
+    def direct_conversation_id(
+        self, peer_user_id: str, *, tenant_id: str | None = None, user_id: str | None = None
+    ) -> str:
+        """The one-to-one conversation id with ``peer_user_id`` (for PULL_HISTORY and the like).
+
+        Tenant and user default to :attr:`identity`; raises ValueError when neither is known
+        (a token that is not a qim access token and no ``identity`` set).
+        """
+        me = self.identity
+        tenant = tenant_id or (me.tenant_id if me is not None else None)
+        user = user_id or (me.user_id if me is not None else None)
+        if not tenant or not user:
+            raise ValueError(
+                "the client's tenant_id/user_id are unknown (the access token does not say): "
+                "pass tenant_id= and user_id=, set client.identity, or call send_message() with "
+                "the conversation id and peer_user_id"
+            )
+        return Identity(tenant, user).direct_conversation_id(peer_user_id)
+
+    async def send_direct(
+        self,
+        peer_user_id: str,
+        payload: bytes = b"",
+        *,
+        tenant_id: str | None = None,
+        user_id: str | None = None,
+        client_message_id: str | None = None,
+        message_type: int = 0,
+        custom_type: str = "",
+        reply_to_conversation_seq: int | None = None,
+        timeout: float | None = None,
+    ) -> SendAck:
+        """SEND_MESSAGE into the one-to-one conversation with ``peer_user_id`` -> SEND_ACK.
+
+        No "create" step: the conversation id is derived (:meth:`direct_conversation_id`), the
+        same on both sides and on the server, which checks the pair from the session's user.
+        """
+        conversation_id = self.direct_conversation_id(
+            peer_user_id, tenant_id=tenant_id, user_id=user_id
+        )
+        return await self.send_message(
+            conversation_id,
+            payload,
+            client_message_id=client_message_id,
+            message_type=message_type,
+            custom_type=custom_type,
+            reply_to_conversation_seq=reply_to_conversation_seq,
+            peer_user_id=peer_user_id,
+            timeout=timeout,
+        )
 
     async def pull_mailbox(
         self,

@@ -41,6 +41,7 @@ from qim.client.errors import (
 )
 from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
+from qim.client.identity import identity_from_token
 from qim.client.state import ClientEvent, ClientState, ClientStateMachine
 from qim.client.transport import Transport
 from qim.schemas.frames import (
@@ -159,6 +160,9 @@ class QimClient(FrameCalls):
     ) -> AuthOk:
         """Open ``url``, AUTH, follow at most one REDIRECT, and return AUTH_OK.
 
+        Sets :attr:`identity` from a qim access token unless the application already did
+        (:mod:`qim.client.identity`; used by :meth:`send_direct`).
+
         Raises :class:`QimError` for an ERROR verdict (e.g. SHARD_MOVED with
         ``retry_after_ms`` after a redirect that missed again), :class:`TooManyRedirects`
         for a second REDIRECT, :class:`RequestTimeout` past ``connect_timeout``. The client
@@ -183,6 +187,8 @@ class QimClient(FrameCalls):
         except BaseException as exc:
             await self._shutdown(f"connect failed: {exc!r}")
             raise
+        if self.identity is None:
+            self.identity = identity_from_token(access_token)
         self._reader = asyncio.create_task(self._read_loop(), name="qim-client-reader")
         if self._heartbeat_config.enabled:
             self._pinger = asyncio.create_task(self._ping_loop(), name="qim-client-heartbeat")

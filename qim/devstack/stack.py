@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import secrets
 import sys
 import urllib.error
 import urllib.request
@@ -61,6 +62,18 @@ class GatewaySpec:
 
 
 @dataclass(frozen=True)
+class AdminSpec:
+    """The group admin endpoint (`qim admin serve`): the trusted plane's GroupAdd/GroupRemove."""
+
+    name: str = "admin-1"
+    port: int = 16091
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
 class StackConfig:
     base_dir: Path = ROOT / ".run"
     kafka_port: int = 19092
@@ -73,6 +86,7 @@ class StackConfig:
         WorkerSpec("mailbox-1", "qim.apps.mailbox", 16067),
     )
     gateways: tuple[GatewaySpec, ...] = (GatewaySpec(),)
+    admins: tuple[AdminSpec, ...] = (AdminSpec(),)
 
     @property
     def kafka(self) -> kafka.KafkaConfig:
@@ -94,7 +108,21 @@ class StackConfig:
             "QIM_REDIS_URL": self.redis.url,
             # The development signing keys: `qim token issue` and the gateways share them.
             "QIM_AUTH_KEYS_FILE": str(self.base_dir / "auth-keys"),
+            "QIM_CONVERSATION_PARTITION_COUNT": str(
+                self.partition_counts["conversation_partition_count"]
+            ),
+            "QIM_ADMIN_URL": self.admins[0].url if self.admins else "",
+            "QIM_ADMIN_SECRET": self.admin_secret(),
         }
+
+    def admin_secret(self) -> str:
+        """The development admin secret, made once under the stack folder (never a default)."""
+        path = self.base_dir / "admin-secret"
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(secrets.token_urlsafe(24))
+            path.chmod(0o600)
+        return path.read_text().strip()
 
     def for_tests(self, base_dir: Path) -> StackConfig:
         """A private stack on free ports, so tests never touch a developer's running stack."""
@@ -109,6 +137,7 @@ class StackConfig:
                 replace(g, ws_port=procs.free_port(), metrics_port=procs.free_port())
                 for g in self.gateways
             ),
+            admins=tuple(replace(a, port=procs.free_port()) for a in self.admins),
         )
 
 
@@ -260,14 +289,46 @@ class Stack:
     def stop_gateway(self, g: GatewaySpec) -> bool:
         return procs.stop_pid(self._gateway_dir(g) / "gateway.pid", timeout_s=30.0)
 
+    def _admin_dir(self, a: AdminSpec) -> Path:
+        return self.cfg.base_dir / "admin" / a.name
+
+    def start_admin(self, a: AdminSpec, *, timeout_s: float = 60.0) -> None:
+        adir = self._admin_dir(a)
+        pid_file, log_file = adir / "admin.pid", adir / "admin.log"
+        pid = procs.read_pid(pid_file)
+        if pid is None:
+            argv = [
+                sys.executable, "-m", "qim.cli", "admin", "serve",
+                "--port", str(a.port), "--node-id", a.name,
+            ]  # fmt: skip
+            env = {**os.environ, **self.cfg.env()}
+            pid = procs.spawn(argv, pid_file=pid_file, log_file=log_file, cwd=ROOT, env=env)
+        started = pid
+        try:
+            procs.wait_until(
+                lambda: procs.port_open("127.0.0.1", a.port),
+                timeout_s=timeout_s,
+                what=f"{a.name} listening",
+                alive=lambda: procs.pid_alive(started),
+            )
+        except (TimeoutError, RuntimeError) as exc:
+            raise RuntimeError(f"{exc}\n{procs.tail(log_file, 60)}") from exc
+
+    def stop_admin(self, a: AdminSpec) -> bool:
+        return procs.stop_pid(self._admin_dir(a) / "admin.pid", timeout_s=30.0)
+
     def up(self) -> None:
         self.start_services()
         for w in self.cfg.workers:
             self.start_worker(w)
         for g in self.cfg.gateways:
             self.start_gateway(g)
+        for a in self.cfg.admins:
+            self.start_admin(a)
 
     def down(self) -> None:
+        for a in self.cfg.admins:
+            self.stop_admin(a)
         for g in self.cfg.gateways:
             self.stop_gateway(g)
         for w in self.cfg.workers:
@@ -292,6 +353,14 @@ class Stack:
             }
             for g in self.cfg.gateways
         }
+        admins = {
+            a.name: {
+                "running": procs.read_pid(self._admin_dir(a) / "admin.pid") is not None,
+                "url": a.url,
+                "listening": procs.port_open("127.0.0.1", a.port),
+            }
+            for a in self.cfg.admins
+        }
         return {
             "kafka": {
                 "running": kafka.is_running(self.cfg.kafka),
@@ -305,4 +374,5 @@ class Stack:
             },
             "workers": workers,
             "gateways": gateways,
+            "admins": admins,
         }

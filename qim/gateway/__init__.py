@@ -7,8 +7,11 @@ Layers, pure first:
 * ``outbound`` (stream scheduling), ``devices`` (replacement, device cap), ``admission``
   (per-IP rate), ``wheel`` (lazy timeouts), ``presence`` (the PresenceEntry record),
   ``windows`` (windowed metrics): pure rules, time as an argument;
+* ``routing`` (frame -> conversation-request envelope and partition) and ``replies`` (a
+  to-gateway record -> the connection and frame it is for): pure;
 * ``connection``, ``ws``, ``tcp``, ``listeners``, ``node``, ``logins``, ``presence_writer``,
-  ``metrics``, ``cli``: the thin I/O around them.
+  ``forwarder`` (requests to Kafka), ``router`` (ConversationRouter: requests out, replies in),
+  ``metrics``, ``routing_metrics``, ``cli``: the thin I/O around them.
 
 ``ownership`` (Kafka group ownership of ConnectionShards) plugs into the ``Ownership`` seam.
 """
@@ -19,6 +22,7 @@ from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
 from qim.gateway.connection import Connection, Transport
 from qim.gateway.devices import Admission, DeviceRegistry, Kick
+from qim.gateway.forwarder import RequestForwarder, RequestProducer
 from qim.gateway.metrics import GatewayMetrics
 from qim.gateway.node import ConnectionNode
 from qim.gateway.outbound import OutboundQueue
@@ -33,6 +37,9 @@ from qim.gateway.ports import (
     RouteToken,
 )
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
+from qim.gateway.replies import ReplyVerdict, resolve_reply
+from qim.gateway.router import ConversationRouter, ReplySource
+from qim.gateway.routing import Routed, route_frame
 from qim.gateway.session import Session, SessionConfig
 from qim.gateway.states import TRANSITIONS, ConnState, Event, IllegalTransition
 from qim.gateway.wheel import TimingWheel
@@ -58,6 +65,7 @@ __all__ = [
     "ConnectAdmission",
     "Connection",
     "ConnectionNode",
+    "ConversationRouter",
     "Count",
     "DeviceRegistry",
     "Event",
@@ -76,7 +84,12 @@ __all__ = [
     "PresenceKey",
     "PresenceSink",
     "Refusal",
+    "ReplySource",
+    "ReplyVerdict",
+    "RequestForwarder",
+    "RequestProducer",
     "RouteToken",
+    "Routed",
     "Send",
     "Session",
     "SessionConfig",
@@ -84,4 +97,6 @@ __all__ = [
     "Transport",
     "decode_presence",
     "encode_presence",
+    "resolve_reply",
+    "route_frame",
 ]

@@ -2,8 +2,10 @@
 
 Authentication is the Redis-backed AuthService (``--redis-url`` / ``QIM_REDIS_URL``);
 ``--dev-auth`` swaps in the in-process MemoryAuthenticator for experiments. With a Kafka
-bootstrap the node publishes presence and takes ConnectionShards through the gateways' consumer
-group (``qim.gateway.ownership``); without one it owns every shard and publishes nothing.
+bootstrap the node publishes presence, takes ConnectionShards through the gateways' consumer
+group (``qim.gateway.ownership``), forwards conversation requests to the ConversationWriter and
+delivers its replies (``qim.gateway.router``); without one it owns every shard, publishes
+nothing and drops business frames.
 """
 
 from __future__ import annotations
@@ -65,6 +67,7 @@ async def serve_gateway(
             config.advertised_endpoint,
             session_timeout_ms=int(config.settings.shard_lease_ttl),
             on_revoked=revoked,
+            isolation_level="read_committed",  # replies are transactional (router.py)
         )
         ownership = membership
     node = ConnectionNode(config, authenticator, ownership=ownership)
@@ -115,6 +118,21 @@ def run_gateway(config: GatewayConfig, **options: object) -> None:
 @click.option("--redis-url", envvar="QIM_REDIS_URL", default=None)
 @click.option("--group-id", default="qim-gateways", show_default=True)
 @click.option("--dev-auth", is_flag=True, help="In-process tokens (never in production).")
+@click.option(
+    "--conversation-partitions",
+    "conversation_partitions",
+    type=click.IntRange(min=1),
+    envvar="QIM_CONVERSATION_PARTITION_COUNT",
+    default=16,
+    show_default=True,
+    help="Partitions of qim.conversation-requests (checked against the topic at start).",
+)
+@click.option(
+    "--routing/--no-routing",
+    default=True,
+    show_default=True,
+    help="Forward conversation requests and deliver replies (needs --kafka-bootstrap).",
+)
 def gateway(
     node_id: str,
     host: str,
@@ -128,6 +146,8 @@ def gateway(
     redis_url: str | None,
     group_id: str,
     dev_auth: bool,
+    conversation_partitions: int,
+    routing: bool,
 ) -> None:
     """Run a ConnectionNode: WebSocket and TLS/TCP (ALPN qim/1) listeners, /metrics."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -142,6 +162,8 @@ def gateway(
             keyfile=key,
             advertised_endpoint=advertise,
             kafka_bootstrap=kafka_bootstrap,
+            route_requests=routing and bool(kafka_bootstrap),
+            conversation_partition_count=conversation_partitions,
             settings=Settings.load(),
         )
     except ValueError as exc:

@@ -43,6 +43,13 @@ class GatewayConfig:
     advertised_endpoint: str = ""  # AUTH_OK.preferred_endpoint / REDIRECT.endpoint_hint
     kafka_bootstrap: str | None = None  # None: presence is not published (unit tests)
     presence_topic: str = "qim.presence"
+    # Conversation requests (issue 4): off unless asked, so a node can be tested as a pure
+    # connection layer; ``qim gateway`` turns it on whenever it has a Kafka bootstrap.
+    route_requests: bool = False
+    requests_topic: str = "qim.conversation-requests"
+    conversation_partition_count: int = 16  # = the topic's partitions, checked at start
+    request_linger_ms: int = 2  # producer batching; a send's budget is 150 ms p99 (§24.1.2)
+    max_queued_requests: int = 10_000  # beyond it: ERROR{REGION_FAILOVER} at once
     settings: Settings = field(default_factory=Settings.load)
     unauth_connection_timeout_ms: int | None = None
     next_ping_interval_ms: int | None = None
@@ -61,6 +68,10 @@ class GatewayConfig:
             )
         if self.tls_port is not None and not tls:
             raise ValueError("the qim/1 TCP listener needs certfile and keyfile (TLS, §20.1)")
+        if self.route_requests and not self.kafka_bootstrap:
+            raise ValueError("routing conversation requests needs a Kafka bootstrap")
+        if self.conversation_partition_count < 1:
+            raise ValueError("conversation_partition_count must be positive")
 
     @property
     def tls(self) -> bool:

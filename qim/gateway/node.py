@@ -3,7 +3,9 @@
 It holds the sockets of the ConnectionShards it owns and is the sole writer of PresenceEntry.
 It touches Redis only through the authenticator at login, never per message or heartbeat
 (direction.md §1). Timeouts run on one timing wheel with lazy checks (§15.1.5), presence
-leases are renewed every ``presence_lease_renew`` in one pass (§5.4.2).
+leases are renewed every ``presence_lease_renew`` in one pass (§5.4.2). With
+``route_requests`` the ConversationRouter (``router.py``) forwards business frames to the
+ConversationWriter and delivers its replies read from the owned ConnectionShards.
 """
 
 from __future__ import annotations
@@ -21,11 +23,13 @@ from qim.gateway.admission import ConnectAdmission, Refusal
 from qim.gateway.config import GatewayConfig
 from qim.gateway.connection import Connection, Transport
 from qim.gateway.devices import DeviceRegistry
+from qim.gateway.forwarder import RequestProducer
 from qim.gateway.listeners import Listeners
 from qim.gateway.logins import LoginFlow, jittered
 from qim.gateway.metrics import GatewayMetrics
 from qim.gateway.ports import Authenticator, OwnAll, Ownership, PresenceSink
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
+from qim.gateway.router import ConversationRouter, ReplySource, build_router
 from qim.gateway.session import Session
 from qim.gateway.states import ConnState
 from qim.gateway.wheel import TimingWheel
@@ -55,6 +59,7 @@ class ConnectionNode:
         presence: PresenceSink | None = None,
         clock_ms: Callable[[], int] = wall_clock_ms,
         frame_handler: FrameHandler | None = None,
+        request_producer: RequestProducer | None = None,
     ) -> None:
         self.config = config
         self.clock_ms = clock_ms
@@ -88,6 +93,14 @@ class ConnectionNode:
             config, authenticator, self.ownership, self.registry, self.presence,
             self.metrics, clock_ms,
         )  # fmt: skip
+        self.router: ConversationRouter | None = None
+        if config.route_requests:
+            self.router = build_router(
+                config, self.registry, self.logins.shard_of, self.metrics.registry,
+                clock_ms=clock_ms, producer=request_producer,
+            )  # fmt: skip
+        if frame_handler is None and self.router is not None:
+            frame_handler = self.router.handle
         self.frame_handler = frame_handler
         self.listeners = Listeners(self)
         self._session_config = config.session_config()
@@ -106,6 +119,9 @@ class ConnectionNode:
     async def start(self) -> None:
         if self._writer is not None:
             await self._writer.start()
+        if self.router is not None:
+            source = self.ownership if isinstance(self.ownership, ReplySource) else None
+            await self.router.start(source)
         await self.listeners.start()
         self._background = [
             asyncio.create_task(self._wheel_loop(), name="timing-wheel"),
@@ -124,6 +140,8 @@ class ConnectionNode:
         for task in [*self._background, *self._tasks]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.router is not None:
+            await self.router.stop()
         if self._writer is not None:
             await self._writer.stop()
         await self.listeners.stop_metrics()
@@ -192,7 +210,7 @@ class ConnectionNode:
         self._spawn(self.logins.run(conn, action), f"auth-{conn.conn_id}")
 
     def forward(self, conn: Connection, frame: Frame) -> None:
-        """Business frames are routed by later stages; until then they are dropped."""
+        """Business frames go to the router (``route_requests``); without one they are dropped."""
         if self.frame_handler is not None:
             self.frame_handler(conn, frame)
 

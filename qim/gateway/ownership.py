@@ -182,7 +182,8 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is
     def on_partitions_revoked(self, revoked: Any) -> None:
         self._ownership._group_revoked()
 
-    def on_partitions_assigned(self, assigned: Any) -> None:
+    async def on_partitions_assigned(self, assigned: Any) -> None:
+        await self._ownership._resolve_positions(assigned)
         self._ownership._group_assigned(assigned)
 
 
@@ -213,6 +214,7 @@ class ShardOwnership:
         poll_timeout_ms: int = 500,
         max_records: int = 500,
         record_buffer: int = 64,
+        isolation_level: str = "read_committed",
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if not 0 < heartbeat_interval_ms < session_timeout_ms:
@@ -229,6 +231,7 @@ class ShardOwnership:
         self._client_id = client_id
         self._poll_timeout_ms = poll_timeout_ms
         self._max_records = max_records
+        self._isolation_level = isolation_level
         self._clock = clock
         self._lease = Lease(session_timeout_ms / 1000, margin_ms / 1000)
         self._tick = min(1.0, max(0.05, heartbeat_interval_ms / 4000))
@@ -266,6 +269,9 @@ class ShardOwnership:
             # owner's last commit (pushes for sockets not here yet are dropped by the node).
             enable_auto_commit=True,
             auto_offset_reset="latest",
+            # Writers reply inside Kafka transactions: only committed replies may reach a
+            # client (SEND_ACK = durable; a fenced writer's acks never surface).
+            isolation_level=self._isolation_level,
         )
         self._consumer = consumer
         try:
@@ -418,6 +424,21 @@ class ShardOwnership:
     def _group_revoked(self) -> None:
         if self._running:
             self._rebalancing = True
+
+    async def _resolve_positions(self, assigned: Iterable[Any]) -> None:
+        """Know where every assigned partition starts reading before owning it.
+
+        Without a committed offset the "latest" reset happens lazily at the first fetch; a
+        session admitted as soon as the shard is owned could get a reply produced before that
+        fetch, and the reset would skip it. aiokafka allows position() in this callback.
+        """
+        tps = [tp for tp in assigned if tp.topic == self.topic]
+        if not self._running or not tps:
+            return
+        try:
+            await asyncio.gather(*(self._consumer.position(tp) for tp in tps))
+        except Exception:  # a rebalance meanwhile: the next assignment resolves again
+            log.warning("positions of %d assigned ConnectionShards not resolved", len(tps))
 
     def _group_assigned(self, assigned: Iterable[Any]) -> None:
         if not self._running:

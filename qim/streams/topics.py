@@ -42,17 +42,17 @@ class TopicSpec:
 CONVERSATION_REQUESTS = TopicSpec(
     name="qim.conversation-requests",
     partitions_param="conversation_partition_count",
-    partitioned_by="conversation (key hash)",
+    partitioned_by="explicit partition = conversation_partition() (blake3 of the key)",
     key="(tenant, conversation_id)",
     cleanup="delete",
     retention_ms=DAY_MS,
-    producer="ConnectionNode",
+    producer="ConnectionNode, group admin endpoint",
     consumer="ConversationWriter",
 )
 OUTBOX = TopicSpec(
     name="qim.outbox",
     partitions_param="conversation_partition_count",
-    partitioned_by="conversation (key hash), same count as conversation requests",
+    partitioned_by="explicit partition = the writer's request partition (same count)",
     key="(tenant, conversation_id)",
     cleanup="delete",
     # >= mailbox retention (Appendix B mailbox_retention_days = 7) plus a day of margin.
@@ -105,7 +105,7 @@ WRITER_SNAPSHOTS = TopicSpec(
     name="qim.writer-snapshots",
     partitions_param="conversation_partition_count",
     partitioned_by="explicit partition = the writer's conversation partition",
-    key="partition number",
+    key="<partition>:<chunk> (a checkpoint is split into chunks of <= 512 KiB)",
     cleanup="compact",
     retention_ms=None,
     producer="ConversationWriter (in the transaction of its outbox appends)",
@@ -119,7 +119,7 @@ ADMIN_REPLIES = TopicSpec(
     cleanup="delete",
     retention_ms=HOUR_MS,
     producer="ConversationWriter",
-    consumer="the admin endpoint that sent the request",
+    consumer="the group admin endpoint (`qim admin serve`) that sent the request",
 )
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (

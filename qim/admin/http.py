@@ -1,0 +1,173 @@
+"""The group admin HTTP endpoint (operators, the account system): GroupAdmin over aiohttp.
+
+Bound to 127.0.0.1 by default and protected by a shared secret in the ``X-Qim-Admin-Secret``
+header (constant-time compare), like the AuthService's admin endpoint (``qim.auth.admin``);
+put it behind service-to-service mTLS before exposing it beyond loopback (§20.1).
+
+``POST   /v1/groups``                               ``{tenant_id, group_id, owner_id,
+                                                   member_ids?}`` create (owner = OWNER)
+``POST   /v1/groups/{group_id}/members``            ``{tenant_id, member_ids, actor?}`` GroupAdd
+``DELETE /v1/groups/{group_id}/members/{user_id}``  ``?tenant_id=..&ban=1&actor=..`` GroupRemove
+``GET    /v1/groups/{group_id}/members``            ``?tenant_id=..`` show: version and count
+
+``actor`` (who did it, recorded in the CONTROL message) defaults to the ``X-Qim-Admin-Actor``
+header, else ``admin``. Success: ``200 {tenant_id, group_id, action, membership_version,
+member_count}``. Errors: ``{error, detail?, code?, retry_after_ms?}`` with 400 (bad input),
+401 (secret), 403 (PERMISSION_DENIED: no such group, group exists, not allowed - one answer, as
+on the client wire), 413 (PAYLOAD_TOO_LARGE), 429 (RATE_LIMITED), 503 (Kafka unreachable,
+REGION_FAILOVER), 504 (no AdminReply in time: retrying is safe), 409 (any other refusal).
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import logging
+from typing import Any, Final
+
+from aiohttp import web
+from aiohttp.typedefs import Handler, Middleware
+
+from qim.admin.groups import AdminRejected, AdminTimeout, GroupAdmin, reply_json
+from qim.admin.wire import ADMIN_ACTOR_HEADER, ADMIN_SECRET_HEADER
+from qim.schemas.frames import ErrorCode
+
+__all__ = ["make_group_admin_app"]
+
+_MAX_BODY_BYTES: Final = 1024 * 1024  # a create may list thousands of invitees
+_ADMIN: Final = web.AppKey("group_admin", GroupAdmin)
+_STATUS: Final = {
+    ErrorCode.PERMISSION_DENIED: 403,
+    ErrorCode.PAYLOAD_TOO_LARGE: 413,
+    ErrorCode.RATE_LIMITED: 429,
+    ErrorCode.REGION_FAILOVER: 503,
+    ErrorCode.SHARD_MOVED: 503,
+}
+_KNOWN: Final = frozenset(int(c) for c in ErrorCode)
+
+log = logging.getLogger(__name__)
+
+
+class _BadRequest(Exception):
+    pass
+
+
+def _error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
+    body: dict[str, Any] = {"error": error}
+    if detail:
+        body["detail"] = detail
+    body.update({k: v for k, v in extra.items() if v is not None})
+    return web.json_response(body, status=status)
+
+
+async def _json_object(request: web.Request) -> dict[str, Any]:
+    try:
+        body = await request.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        raise _BadRequest("body must be JSON") from None
+    if not isinstance(body, dict):
+        raise _BadRequest("body must be a JSON object")
+    return body
+
+
+def _text(source: Any, name: str, default: str | None = None) -> str:
+    value = source.get(name, default)
+    if value is None:
+        raise _BadRequest(f"{name} is required")
+    if not isinstance(value, str) or not value:
+        raise _BadRequest(f"{name} must be a non-empty string")
+    return value
+
+
+def _ids(body: dict[str, Any], name: str, *, required: bool) -> list[str]:
+    value = body.get(name, None if required else [])
+    if value is None:
+        raise _BadRequest(f"{name} is required")
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _BadRequest(f"{name} must be a list of non-empty strings")
+    return value
+
+
+def _actor(request: web.Request, body: dict[str, Any] | None = None) -> str:
+    default = request.headers.get(ADMIN_ACTOR_HEADER, "admin")
+    return _text(body if body is not None else request.query, "actor", default)
+
+
+def _ok(tenant_id: str, group_id: str, action: str, reply: Any) -> web.Response:
+    return web.json_response(
+        {"tenant_id": tenant_id, "group_id": group_id, "action": action, **reply_json(reply)}
+    )
+
+
+async def _create(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    tenant, group = _text(body, "tenant_id"), _text(body, "group_id")
+    owner, members = _text(body, "owner_id"), _ids(body, "member_ids", required=False)
+    reply = await request.app[_ADMIN].create(tenant, group, owner, members)
+    return _ok(tenant, group, "create", reply)
+
+
+async def _add(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    group = request.match_info["group_id"]
+    tenant, members = _text(body, "tenant_id"), _ids(body, "member_ids", required=True)
+    reply = await request.app[_ADMIN].add(tenant, group, members, _actor(request, body))
+    return _ok(tenant, group, "add", reply)
+
+
+async def _remove(request: web.Request) -> web.Response:
+    group, user = request.match_info["group_id"], request.match_info["user_id"]
+    tenant = _text(request.query, "tenant_id")
+    ban = request.query.get("ban", "0").lower() in ("1", "true", "yes")
+    admin = request.app[_ADMIN]
+    reply = await admin.remove(tenant, group, [user], _actor(request), ban=ban)
+    return _ok(tenant, group, "ban" if ban else "remove", reply)
+
+
+async def _show(request: web.Request) -> web.Response:
+    group = request.match_info["group_id"]
+    tenant = _text(request.query, "tenant_id")
+    reply = await request.app[_ADMIN].show(tenant, group, _actor(request))
+    return _ok(tenant, group, "show", reply)
+
+
+def _guard(admin_secret: bytes) -> Middleware:
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        presented = request.headers.get(ADMIN_SECRET_HEADER, "").encode("utf-8", "replace")
+        if not hmac.compare_digest(presented, admin_secret):
+            return _error(401, "unauthorized")
+        try:
+            return await handler(request)
+        except web.HTTPException:
+            raise
+        except (_BadRequest, ValueError) as exc:  # ours and the id validators'
+            return _error(400, "bad_request", str(exc))
+        except AdminRejected as exc:
+            e = exc.error
+            status = _STATUS.get(ErrorCode(e.code), 409) if e.code in _KNOWN else 409
+            return _error(
+                status, exc.code_name, e.detail, code=e.code, retry_after_ms=e.retry_after_ms
+            )
+        except AdminTimeout as exc:
+            return _error(504, "timeout", str(exc))
+        except Exception as exc:  # the producer: Kafka unreachable, metadata timeout
+            log.exception("group admin %s %s failed", request.method, request.path)
+            return _error(503, "unavailable", f"request not produced: {exc!r}")
+
+    return guard
+
+
+def make_group_admin_app(admin: GroupAdmin, admin_secret: str) -> web.Application:
+    """The app; every route requires ``X-Qim-Admin-Secret: <admin_secret>`` (>= 16 chars)."""
+    if len(admin_secret) < 16:
+        raise ValueError("admin_secret must be at least 16 characters")
+    app = web.Application(
+        middlewares=[_guard(admin_secret.encode("utf-8"))], client_max_size=_MAX_BODY_BYTES
+    )
+    app[_ADMIN] = admin
+    app.router.add_post("/v1/groups", _create)
+    app.router.add_post("/v1/groups/{group_id}/members", _add)
+    app.router.add_delete("/v1/groups/{group_id}/members/{user_id}", _remove)
+    app.router.add_get("/v1/groups/{group_id}/members", _show)
+    return app

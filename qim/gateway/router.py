@@ -1,0 +1,254 @@
+"""ConversationRouter: business frames to the ConversationWriter, its replies back (§5.3, §8).
+
+The node's ``frame_handler``. A frame from an ONLINE session becomes an envelope
+(:mod:`~qim.gateway.routing`, identity from the session) that :class:`RequestForwarder` produces
+to ``qim.conversation-requests`` at the conversation's partition; the writer's
+:class:`WriterReply` comes back on ``qim.to-gateway`` at this node's ConnectionShard, read from
+:meth:`ShardOwnership.records` with ``isolation_level=read_committed`` (the writer replies inside
+its Kafka transaction, so SEND_ACK is only ever seen once the message is durable and a fenced
+writer's acknowledgements never surface; direction.md §4.6), and is written to the connection
+whose ``session_epoch`` matches (:mod:`~qim.gateway.replies`).
+
+A request that cannot be produced (Kafka unreachable, the queue full) is answered at once with
+``ERROR{REGION_FAILOVER, retry_after_ms}``: the conversation's writer cannot be reached from
+here, which is what A.6 #7 names, and it gives the client the right retry (§19.2.4: keep the
+message pending, back off, resend with the same client_message_id - ClientDedup makes a
+request that did land harmless). RATE_LIMITED would blame the user for an outage and count
+toward ``send_reject_total{RATE_LIMITED}``'s user-pressure alert (§24.1.2).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+from prometheus_client import CollectorRegistry
+
+from qim.gateway.actions import Send
+from qim.gateway.devices import DeviceRegistry
+from qim.gateway.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
+from qim.gateway.logins import jittered
+from qim.gateway.replies import ReplyVerdict, reply_send, resolve_reply
+from qim.gateway.routing import Routed, request_kind, route_frame
+from qim.gateway.routing_metrics import RoutingMetrics
+from qim.schemas.frames import Error, ErrorCode, Frame, for_code
+
+if TYPE_CHECKING:
+    from qim.gateway.config import GatewayConfig
+    from qim.gateway.connection import Connection
+
+__all__ = ["ConversationRouter", "ReplySource", "build_router"]
+
+log = logging.getLogger(__name__)
+
+_PendingKey = tuple[str, str, str, int, int]  # tenant, user, device, session_epoch, request_id
+
+
+class _Record(Protocol):
+    @property
+    def value(self) -> bytes | None: ...
+
+
+@runtime_checkable
+class ReplySource(Protocol):
+    """Batches of the to-gateway records of the owned shards (``ShardOwnership.records``)."""
+
+    def records(self) -> AsyncIterator[Sequence[_Record]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    started_ms: int
+    kind: str
+
+
+class ConversationRouter:
+    """Forwards requests, delivers replies; ``start(source)`` / ``stop()`` with the node."""
+
+    def __init__(
+        self,
+        forwarder: RequestForwarder,
+        registry: DeviceRegistry[Connection],
+        shard_of: Callable[[str, str], int],
+        metrics_registry: CollectorRegistry,
+        *,
+        clock_ms: Callable[[], int],
+        retry_after_ms: int = 2000,
+        pending_ttl_ms: int = 60_000,
+        max_pending: int = 100_000,
+    ) -> None:
+        self.forwarder = forwarder
+        self._registry = registry
+        self._shard_of = shard_of
+        self._clock_ms = clock_ms
+        self._retry_after_ms = retry_after_ms
+        self._pending_ttl_ms = pending_ttl_ms
+        self._max_pending = max_pending
+        self._pending: dict[_PendingKey, _Pending] = {}
+        self._pump: asyncio.Task[None] | None = None
+        self.metrics = RoutingMetrics(
+            metrics_registry,
+            clock_ms=clock_ms,
+            in_flight=lambda: len(self._pending),
+            queued=lambda: forwarder.queued,
+        )
+
+    async def start(self, source: ReplySource | None) -> None:
+        await self.forwarder.start()
+        if source is None:
+            log.warning("no ConnectionShard record source: writer replies will not be delivered")
+            return
+        self._pump = asyncio.create_task(self._read(source), name="to-gateway-replies")
+
+    async def stop(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
+        await self.forwarder.stop()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def handle(self, conn: Connection, frame: Frame) -> None:
+        """The node's frame handler: never blocks, never awaits Kafka."""
+        grant = conn.session.grant
+        if grant is None or conn.closing:
+            return
+        shard = self._shard_of(grant.tenant_id, grant.user_id)
+        routed = route_frame(
+            frame, grant, connection_shard=shard, partition_count=self.forwarder.partition_count
+        )
+        rid = frame.header.request_id
+        if routed is None:
+            self.metrics.unrouted.labels(frame=frame.name).inc()
+            return
+        if isinstance(routed, Error):
+            kind = request_kind(frame.body)
+            self.metrics.refused.labels(kind=kind).inc()
+            if kind == "send":
+                self.metrics.send_reject.labels(code=ErrorCode.PERMISSION_DENIED.name).inc()
+            conn.apply([Send(routed, request_id=rid, version=conn.session.version)])
+            return
+        key = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch, rid)
+        self._remember(key, routed.kind)
+        if not self.forwarder.submit(routed, lambda exc: self._produced(conn, key, routed, exc)):
+            self._failed(conn, key, routed, "queue_full")
+
+    def _produced(
+        self, conn: Connection, key: _PendingKey, routed: Routed, exc: BaseException | None
+    ) -> None:
+        if exc is None:
+            self.metrics.forwarded.labels(kind=routed.kind).inc()
+            return
+        log.warning(
+            "request %s to partition %d not produced: %r", routed.kind, routed.partition, exc
+        )
+        self._failed(conn, key, routed, "kafka")
+
+    def _failed(self, conn: Connection, key: _PendingKey, routed: Routed, reason: str) -> None:
+        self._pending.pop(key, None)
+        self.metrics.failed.labels(kind=routed.kind, reason=reason).inc()
+        if routed.kind == "send":
+            self.metrics.send_reject.labels(code=ErrorCode.REGION_FAILOVER.name).inc()
+        if conn.closing or conn.session.closed:
+            return
+        rid = key[-1]
+        error = Error(
+            code=int(ErrorCode.REGION_FAILOVER),
+            retry_after_ms=jittered(self._retry_after_ms),
+            detail="conversation temporarily unreachable",
+            request_id=rid,
+        )
+        conn.apply([Send(error, request_id=rid, version=conn.session.version)])
+
+    def _remember(self, key: _PendingKey, kind: str) -> None:
+        """Note when a request left, for the latency metrics; bounded in size and age."""
+        now = self._clock_ms()
+        pending = self._pending
+        horizon = now - self._pending_ttl_ms
+        while pending:
+            oldest = next(iter(pending))
+            if pending[oldest].started_ms >= horizon and len(pending) < self._max_pending:
+                break
+            del pending[oldest]
+        pending.pop(key, None)  # re-insert at the end: insertion order stays time order
+        pending[key] = _Pending(now, kind)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # -- replies --------------------------------------------------------------------------------
+
+    def deliver(self, value: bytes | None) -> ReplyVerdict:
+        """Write one to-gateway record to its connection (or count why not)."""
+        resolved = resolve_reply(value, self._registry)
+        self.metrics.records.labels(kind=resolved.kind, result=resolved.verdict.value).inc()
+        reply = resolved.reply
+        if reply is None:
+            return resolved.verdict
+        key = (reply.tenant_id, reply.user_id, reply.device_id, reply.session_epoch)
+        entry = self._pending.pop((*key, reply.request_id), None)
+        conn = resolved.conn
+        if conn is None or resolved.verdict is not ReplyVerdict.DELIVER:
+            return resolved.verdict
+        conn.apply([reply_send(reply, conn.session.version)])
+        latency = None if entry is None else self._clock_ms() - entry.started_ms
+        kind = entry.kind if entry is not None else ("send" if reply.send_ack else "unknown")
+        error = None if reply.error is None else for_code(reply.error.code).name
+        self.metrics.on_reply(kind, latency, ack=reply.send_ack is not None, error=error)
+        return resolved.verdict
+
+    async def _read(self, source: ReplySource) -> None:
+        """Deliver every record; a failure of ours is logged and the stream goes on."""
+        while True:
+            try:
+                async for batch in source.records():
+                    for record in batch:
+                        try:
+                            self.deliver(record.value)
+                        except Exception:
+                            log.exception("to-gateway record not delivered")
+                return  # the source stopped (ownership stopped)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("to-gateway reader failed; resuming")
+                await asyncio.sleep(1)
+
+
+def build_router(
+    config: GatewayConfig,
+    registry: DeviceRegistry[Connection],
+    shard_of: Callable[[str, str], int],
+    metrics_registry: CollectorRegistry,
+    *,
+    clock_ms: Callable[[], int],
+    producer: RequestProducer | None = None,
+) -> ConversationRouter:
+    """The node's router from its configuration (``route_requests``); ``producer`` is a seam
+    for tests, the default an idempotent ``acks=all`` Kafka producer."""
+    assert config.kafka_bootstrap is not None  # GatewayConfig checks it
+    if producer is None:
+        producer = kafka_request_producer(
+            config.kafka_bootstrap, linger_ms=config.request_linger_ms, client_id=config.node_id
+        )
+    forwarder = RequestForwarder(
+        producer,
+        config.requests_topic,
+        config.conversation_partition_count,
+        max_queued=config.max_queued_requests,
+    )
+    return ConversationRouter(
+        forwarder,
+        registry,
+        shard_of,
+        metrics_registry,
+        clock_ms=clock_ms,
+        retry_after_ms=int(config.settings.region_failover_retry_after_ms),
+    )
