@@ -20,7 +20,12 @@ from aiokafka.errors import ProducerFenced
 from qim.core.history import ArchiveWrite
 from qim.devstack.stack import Stack
 from qim.schemas.frames.errors import ErrorCode
-from qim.schemas.records import MessageCommitted, WriterReply, conversation_partition
+from qim.schemas.records import (
+    MembershipCommitted,
+    MessageCommitted,
+    WriterReply,
+    conversation_partition,
+)
 from qim.tables.message_store import MessageStore
 from tests.integration.writer_support import (
     BULK_TENANT,
@@ -394,3 +399,31 @@ async def test_history_survives_a_wiped_message_store(workers: Workers, client: 
     await writer.serving()
     assert await client.history(tenant, "bob", group) == before
     assert len(before) == 10
+
+
+async def test_a_group_of_10000_members_is_created_in_chunks_and_works(
+    workers: Workers, client: Client
+) -> None:
+    """Issue 4: groups of at least 10,000 members; creation in chunks, one logical version."""
+    await workers.ensure_primary()
+    tenant, group = f"t-{uid()}", "g:big"
+    members = [f"m-{i:05d}" for i in range(10_000)]
+    created = await client.call(create_group(tenant, "owner", group, members))
+    assert created.members is not None and created.members.total_hint == 10_001
+
+    # The last invitee is a member: it can send and page the member list.
+    ack = await client.call(send(tenant, "m-09999", group, "from-the-last-member"))
+    assert ack_fields(ack)[1] == 1  # creation itself uses no seq (A.3 #21)
+    page = await client.call(pull_members(tenant, "m-00000", group))
+    assert page.members is not None and page.members.total_hint == 10_001
+    assert page.members.has_more and len(page.members.members) > 0
+    assert code(await client.call(send(tenant, "m-10000", group, "x"))) == (
+        ErrorCode.PERMISSION_DENIED
+    )
+
+    # One logical version, published as several chunks (spec 7.9; chunk size 4096).
+    records = await read_outbox(client.bootstrap, tenant, group)
+    chunks = [r for r in records if isinstance(r, MembershipCommitted)]
+    assert len(chunks) == chunks[0].chunk_count >= 3
+    assert sorted(c.chunk_index for c in chunks) == list(range(chunks[0].chunk_count))
+    assert {c.membership_version for c in chunks} == {chunks[0].membership_version}
