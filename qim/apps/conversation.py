@@ -4,8 +4,9 @@ Run with `faust -A qim.apps.conversation worker`. The ConversationWriter is a se
 app (``qim.agents.conversation_writer``): its own consumer group ``qim-conversation-writers``
 on ``qim.conversation-requests``, one transactional producer per owned partition, and the
 MessageStore (RocksDB per partition) under the worker's ``--datadir``. GroupMembership and the
-HistoryArchiver run inside it, on the same outbox records. The FanoutCoordinator arrives with
-the fanout issue.
+HistoryArchiver run inside it, on the same outbox records. The FanoutCoordinator is a second
+service (``qim.agents.fanout_coordinator``, consumer group ``qim-fanout`` on ``qim.outbox``,
+read_committed) turning each committed record into one GroupDispatch per target MailboxShard.
 
 ``/writer`` shows which partitions this worker owns and serves (tests wait on it; ``/healthz``
 only covers Faust's own readiness).
@@ -20,11 +21,13 @@ from typing import Any
 from faust.web import Request, Response, View
 
 from qim.agents.conversation_writer import ConversationWriterService
+from qim.agents.fanout_coordinator import register as register_fanout
 from qim.agents.writer_options import WriterOptions
 from qim.apps.base import ROCKSDB_OPTIONS, kafka_bootstrap, make_app
 from qim.params import Settings
 
 app = make_app("qim-conversation")
+register_fanout(app)
 
 
 class _Running:
