@@ -108,6 +108,7 @@ class StackConfig:
             "QIM_REDIS_URL": self.redis.url,
             # The development signing keys: `qim token issue` and the gateways share them.
             "QIM_AUTH_KEYS_FILE": str(self.base_dir / "auth-keys"),
+            "QIM_CURSOR_KEYS_FILE": str(self.base_dir / "cursor-keys"),
             "QIM_CONVERSATION_PARTITION_COUNT": str(
                 self.partition_counts["conversation_partition_count"]
             ),

@@ -1,0 +1,177 @@
+"""Metrics of the MailboxNode on one registry (spec 24.1.3-24.1.5 names where the spec has one).
+
+Spec names: ``lane_watermark_stall_ms{shard,lane}`` and ``lane_watermark_skew_seq{shard}``
+(24.1.4, computed at scrape time from the owned shards), ``materialized_lag_seconds`` (the
+histogram behind ``materialized_lag_seconds_p99``: wall time minus the ``committed_at`` of the
+newest dispatch of a committed batch), ``mailbox_write_fail_total`` and
+``mailbox_writebatch_total`` (``mailbox_write_fail_rate`` is their ratio), the fold's counters
+of ``qim.core.mailbox.METRICS`` under their own (spec) names, e.g.
+``dispatch_duplicate_suppressed_total`` and ``stale_epoch_dispatch_dropped_total``, and the
+always-zero ``mailbox_seq_regression_count`` (24.1.5): a batch whose applied seq went backwards
+or whose fold had to hold a lane back from regressing. The login ratios of 24.1.5 are
+``cursor_expired_total`` / ``cursor_invalid_total`` / ``mailbox_cursor_rebase_count`` over
+``login_total``. Ours are prefixed ``qim_mailbox_``.
+
+``totals`` mirrors every counter as a plain dict for the worker's ``/mailbox`` status page.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter as Tally
+from collections.abc import Callable, Iterator, Mapping
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from qim.agents.mailbox_shard import OwnedShard
+from qim.core.mailbox import METRICS, MaterializeResult
+from qim.schemas.frames import ErrorCode
+
+__all__ = ["MailboxMetrics"]
+
+_LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 15, 60, 300)
+_WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
+_LOGIN_ERRORS = {
+    int(ErrorCode.CURSOR_EXPIRED): "cursor_expired_total",
+    int(ErrorCode.CURSOR_INVALID): "cursor_invalid_total",
+    int(ErrorCode.CURSOR_REBASED): "mailbox_cursor_rebase_count",
+}
+
+
+class _Lanes(Collector):
+    """Per-lane gauges computed from the owned shards at scrape time."""
+
+    def __init__(self, shards: Callable[[], Mapping[int, OwnedShard]]) -> None:
+        self._shards = shards
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        stall = GaugeMetricFamily(
+            "lane_watermark_stall_ms", "ms since W[lane] last advanced", labels=["shard", "lane"]
+        )
+        skew = GaugeMetricFamily("lane_watermark_skew_seq", "max(W) - min(W)", labels=["shard"])
+        refused = GaugeMetricFamily(
+            "qim_mailbox_lanes_refused", "lanes below their floor (SHARD_MOVED)", labels=["shard"]
+        )
+        pending = GaugeMetricFamily(
+            "qim_mailbox_pending_dispatches", "dispatches waiting for a slice", labels=["shard"]
+        )
+        now = time.monotonic()
+        for number, shard in sorted(self._shards().items()):
+            label = str(number)
+            for lane, at in enumerate(shard.advanced_at):
+                stall.add_metric([label, str(lane)], round((now - at) * 1000))
+            skew.add_metric([label], max(shard.watermarks) - min(shard.watermarks))
+            refused.add_metric([label], len(shard.refused()))
+            pending.add_metric([label], shard.pending)
+        yield from (stall, skew, refused, pending)
+
+
+class MailboxMetrics:
+    """The service's series; it calls the ``on_*`` hooks."""
+
+    def __init__(
+        self, registry: CollectorRegistry, shards: Callable[[], Mapping[int, OwnedShard]]
+    ) -> None:
+        r = registry
+        self.registry = registry
+        self.totals: Tally[str] = Tally()
+        self._fold = {
+            name: Counter(name, f"materialize: {name}", ["shard"], registry=r) for name in METRICS
+        }
+        self._regression = Gauge(
+            "mailbox_seq_regression_count", "non-monotonic mailbox_seq seen (always 0)", registry=r
+        )
+        self._batches = Counter("mailbox_writebatch_total", "WriteBatches", ["shard"], registry=r)
+        self._fails = Counter(
+            "mailbox_write_fail_total", "failed materialize/WriteBatch", ["shard"], registry=r
+        )
+        self._write_seconds = Histogram(
+            "qim_mailbox_writebatch_commit_seconds", "one WriteBatch commit",
+            registry=r, buckets=_WRITE_BUCKETS,
+        )  # fmt: skip
+        self._lag = Histogram(
+            "materialized_lag_seconds", "now - committed_at of the newest dispatch committed",
+            registry=r, buckets=_LAG_BUCKETS,
+        )  # fmt: skip
+        self._logins = Counter("login_total", "SyncAuthRequests answered", registry=r)
+        self._login_errors = {
+            code: Counter(name, f"logins answered {name}", registry=r)
+            for code, name in _LOGIN_ERRORS.items()
+        }
+        self._replies = Counter(
+            "qim_mailbox_replies_total", "replies by request kind and outcome",
+            ["kind", "outcome"], registry=r,
+        )  # fmt: skip
+        self._records = Counter(
+            "qim_mailbox_records_total", "consumed records by topic and outcome",
+            ["topic", "outcome"], registry=r,
+        )  # fmt: skip
+        self._expired = Counter(
+            "qim_mailbox_sweep_removed_total", "retention sweep removals", ["what"], registry=r
+        )
+        r.register(_Lanes(shards))
+
+    def _add(self, name: str, amount: int = 1) -> None:
+        self.totals[name] += amount
+
+    def on_batch(
+        self,
+        shard: int,
+        result: MaterializeResult,
+        seconds: float,
+        regressed: bool,
+        newest_committed_at_ms: int = 0,
+    ) -> None:
+        """One committed WriteBatch; ``newest_committed_at_ms`` (0: none) feeds the lag."""
+        label = str(shard)
+        for name, value in result.metrics.items():
+            if value and name in self._fold:
+                self._fold[name].labels(label).inc(value)
+                self._add(name, value)
+        self._batches.labels(label).inc()
+        self._add("mailbox_writebatch_total")
+        self._write_seconds.observe(seconds)
+        if regressed or result.metrics.get("lane_watermark_regression_total"):
+            self._regression.inc()
+            self._add("mailbox_seq_regression_count")
+        if newest_committed_at_ms:
+            self._lag.observe(max(time.time() - newest_committed_at_ms / 1000, 0.0))
+
+    def on_write_failed(self, shard: int) -> None:
+        self._fails.labels(str(shard)).inc()
+        self._add("mailbox_write_fail_total")
+
+    def on_record(self, topic: str, outcome: str) -> None:
+        self._records.labels(topic, outcome).inc()
+        self._add(f"records:{topic}:{outcome}")
+
+    def on_reply(self, kind: str, error_code: int | None) -> None:
+        outcome = "ok" if error_code is None else _outcome(error_code)
+        self._replies.labels(kind, outcome).inc()
+        self._add(f"replies:{kind}:{outcome}")
+        if kind == "sync_auth":
+            self._logins.inc()
+            self._add("login_total")
+            name = _LOGIN_ERRORS.get(error_code or 0)
+            if name is not None and error_code is not None:
+                self._login_errors[error_code].inc()
+                self._add(name)
+
+    def on_sweep(self, metrics: Mapping[str, int]) -> None:
+        self._add("retention_sweeps_total")
+        for name, value in metrics.items():
+            if value:
+                self._expired.labels(name).inc(value)
+                self._add(name, value)
+
+
+def _outcome(code: int) -> str:
+    try:
+        return ErrorCode(code).name.lower()
+    except ValueError:
+        return "error"
