@@ -6,7 +6,8 @@ same node (direction.md 4.1: "reads go to the owner through the same assignment"
 range assignor lines partitions up per topic, but only while every topic's metadata is present
 and partition counts match; here the shard number is the unit: shard numbers are dealt out in
 contiguous ranges over the members (sorted, so every member computes the same answer), and a
-member receives partition s of *each* topic it subscribes to that has one.
+member receives partition s of *each* topic it subscribes to that has one. That includes
+``qim.presence``: owning shard s gives its presence partition s too (the push cache, 5.4.2).
 """
 
 from __future__ import annotations

@@ -12,6 +12,13 @@ or whose fold had to hold a lane back from regressing. The login ratios of 24.1.
 ``cursor_expired_total`` / ``cursor_invalid_total`` / ``mailbox_cursor_rebase_count`` over
 ``login_total``. Ours are prefixed ``qim_mailbox_``.
 
+Online push (24.1.6, 24.1.11): ``presence_stale_total`` (PRESENCE_STALE received),
+``presence_reconcile_diff`` (keys on which a 60 s reconcile and the cache disagreed),
+``push_batch_fanout_ratio`` (recipients per PushBatch, as the running ratio of
+``qim_mailbox_push_recipients_total`` over ``qim_mailbox_push_batches_total``), and ours:
+``qim_mailbox_push_failed_total`` (not acknowledged), ``qim_mailbox_push_skipped_total{reason}``
+(replay, presence rebuilding, planner refused), ``qim_mailbox_push_offline_users_total``.
+
 ``totals`` mirrors every counter as a plain dict for the worker's ``/mailbox`` status page.
 """
 
@@ -25,6 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from qim.agents.mailbox_push import PushOutcome
 from qim.agents.mailbox_shard import OwnedShard
 from qim.core.mailbox import METRICS, MaterializeResult
 from qim.schemas.frames import ErrorCode
@@ -114,6 +122,28 @@ class MailboxMetrics:
         self._expired = Counter(
             "qim_mailbox_sweep_removed_total", "retention sweep removals", ["what"], registry=r
         )
+        self._push_batches = Counter(
+            "qim_mailbox_push_batches_total", "PushBatches enqueued", registry=r
+        )
+        self._push_recipients = Counter(
+            "qim_mailbox_push_recipients_total", "recipients of enqueued PushBatches", registry=r
+        )
+        self._fanout = Gauge(
+            "push_batch_fanout_ratio", "average recipients (sockets) per PushBatch", registry=r
+        )
+        self._push_failed = Counter(
+            "qim_mailbox_push_failed_total", "PushBatches not acknowledged", registry=r
+        )
+        self._push_skipped = Counter(
+            "qim_mailbox_push_skipped_total", "written groups not pushed", ["reason"], registry=r
+        )
+        self._offline = Counter(
+            "qim_mailbox_push_offline_users_total", "recipients with no live device", registry=r
+        )
+        self._stale = Counter("presence_stale_total", "PRESENCE_STALE received", registry=r)
+        self._reconcile_diff = Counter(
+            "presence_reconcile_diff", "keys a presence reconcile corrected", registry=r
+        )
         r.register(_Lanes(shards))
 
     def _add(self, name: str, amount: int = 1) -> None:
@@ -168,6 +198,47 @@ class MailboxMetrics:
             if value:
                 self._expired.labels(name).inc(value)
                 self._add(name, value)
+
+    def on_push(self, outcome: PushOutcome) -> None:
+        """One fold's push decision (before any acknowledgement)."""
+        batches = sum(len(p.batches) for p in outcome.plans)
+        recipients = sum(p.recipient_count for p in outcome.plans)
+        offline = sum(len(p.offline_users) for p in outcome.plans)
+        self._push_batches.inc(batches)
+        self._push_recipients.inc(recipients)
+        self._offline.inc(offline)
+        self._add("push_batches_total", batches)
+        self._add("push_recipients_total", recipients)
+        self._add("push_offline_users_total", offline)
+        if self.totals["push_batches_total"]:
+            self._fanout.set(
+                self.totals["push_recipients_total"] / self.totals["push_batches_total"]
+            )
+        for reason, count in (
+            ("replay", outcome.skipped_replay),
+            ("presence_rebuilding", outcome.skipped_rebuilding),
+            ("planner_refused", outcome.failed_plans),
+        ):
+            if count:
+                self._push_skipped.labels(reason).inc(count)
+                self._add(f"push_skipped:{reason}", count)
+
+    def on_push_acked(self, acknowledged: int, failed: int) -> None:
+        self._add("push_acknowledged_total", acknowledged)
+        if failed:
+            self._push_failed.inc(failed)
+            self._add("push_failed_total", failed)
+
+    def on_presence_stale(self, dropped: bool) -> None:
+        self._stale.inc()
+        self._add("presence_stale_total")
+        self._add(f"presence_stale:{'dropped' if dropped else 'ignored'}")
+
+    def on_reconcile(self, diff: int) -> None:
+        self._add("presence_reconciles_total")
+        if diff:
+            self._reconcile_diff.inc(diff)
+            self._add("presence_reconcile_diff", diff)
 
 
 def _outcome(code: int) -> str:

@@ -18,6 +18,14 @@ each shard's ``W_floor`` (bookkeeping and the floor, never the resume point); th
 of the fetch are answered (:func:`~qim.agents.mailbox_reads.answer`) on ``qim.to-gateway``.
 On assignment the store is opened and the consumer SEEKS to ``resume_offset(W, epoch)``
 (spec 10.4.2 (1), M-2). The retention sweep runs every ``sweep_interval_s``, shard by shard.
+
+Online push (11.1.2, issue 6): the group also subscribes ``qim.presence``, so partition s of it
+feeds shard s's presence cache (:mod:`~qim.agents.mailbox_presence`); presence records of a
+fetch are applied before its dispatch records. After a shard's WriteBatch is written and its
+W advanced, :mod:`~qim.agents.mailbox_push` plans the PushBatches and enqueues them on
+``qim.to-gateway`` without waiting for acknowledgements. PRESENCE_STALE records on
+user-requests invalidate cache entries; every ``reconcile_interval_s`` each ready cache is
+reconciled against a full read of its partition with a group-less consumer.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -39,11 +48,20 @@ from prometheus_client import CollectorRegistry
 from qim.agents.mailbox_assignor import ShardAssignor
 from qim.agents.mailbox_metrics import MailboxMetrics
 from qim.agents.mailbox_options import MailboxOptions
+from qim.agents.mailbox_presence import (
+    NodePresence,
+    read_partition,
+    rewind,
+    snapshot_of,
+    stale_reports,
+)
 from qim.agents.mailbox_publish import plan_commit, replies_for, send_replies
+from qim.agents.mailbox_push import plan_batch_pushes, send_pushes
 from qim.agents.mailbox_reads import ReadContext
 from qim.agents.mailbox_shard import OwnedShard, decode_run, encode_floor
 from qim.agents.mailbox_takeover import take_over
-from qim.schemas.records.dispatch import GroupDispatch
+from qim.core.mailbox import WrittenGroup
+from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
 
 __all__ = ["MailboxNodeService"]
 
@@ -84,6 +102,8 @@ class MailboxNodeService(Service):
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
+        self.presence = NodePresence()
+        self._push_tasks: set[asyncio.Task[None]] = set()
 
     def status(self) -> dict[str, Any]:
         """For the worker's ``/mailbox`` page and the tests."""
@@ -93,6 +113,7 @@ class MailboxNodeService(Service):
             "serving": sorted(p for p, s in self.owned.items() if s.serving),
             "shards": {str(p): s.status() for p, s in sorted(self.owned.items())},
             "totals": dict(sorted(self.metrics.totals.items())),
+            "presence": self.presence.status(),
         }
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -105,7 +126,8 @@ class MailboxNodeService(Service):
         await self._producer.start()
         consumer = opts.consumer(ShardAssignor)
         await consumer.start()
-        consumer.subscribe([opts.dispatch_topic, opts.requests_topic], listener=_Listener(self))
+        topics = [opts.dispatch_topic, opts.requests_topic, opts.presence_topic]
+        consumer.subscribe(topics, listener=_Listener(self))
         self._consumer = consumer
 
     async def on_shutdown(self) -> None:
@@ -116,6 +138,8 @@ class MailboxNodeService(Service):
         for shard in self._dormant.values():
             shard.close()
         self._dormant.clear()
+        if self._push_tasks:
+            await asyncio.gather(*self._push_tasks, return_exceptions=True)
         if self._producer is not None:
             await self._producer.stop()
         if self._admin is not None:
@@ -140,7 +164,14 @@ class MailboxNodeService(Service):
                 continue
             async with self._lock:
                 requests = []
+                now_ms = int(time.time() * 1000)
                 for tp, records in sorted(fetched.items()):
+                    if tp.topic == self.options.presence_topic and records:
+                        for _ in range(self.presence.apply(tp.partition, records, now_ms)):
+                            self.metrics.on_record("presence", "malformed")
+                for tp, records in sorted(fetched.items()):
+                    if tp.topic == self.options.presence_topic:
+                        continue
                     if tp.topic == self.options.dispatch_topic and records:
                         await self._fold(tp, records)
                     elif records:
@@ -159,6 +190,49 @@ class MailboxNodeService(Service):
                     if shard is not None and shard.serving:
                         result = shard.sweep(int(time.time() * 1000))
                         self.metrics.on_sweep(result.metrics)
+
+    @Service.task
+    async def _reconciler(self) -> None:
+        """5.4.3 (2): every ``reconcile_interval_s``, each ready cache against a full read."""
+        interval = self.options.reconcile_interval_s
+        if interval <= 0:
+            return
+        reader = self.options.presence_reader()
+        await reader.start()
+        try:
+            while not self.should_stop:
+                await self.sleep(interval)
+                for shard in sorted(self.presence.shards):
+                    try:
+                        await self._reconcile(reader, shard)
+                    except Exception:
+                        log.exception("presence %d: reconcile failed", shard)
+        finally:
+            await reader.stop()
+
+    async def _reconcile(self, reader: AIOKafkaConsumer, shard: int) -> None:
+        """Read up to what the cache applied (outside the lock), then diff under the lock; if
+        the cache moved on meanwhile, read the difference first."""
+        tp = TopicPartition(self.options.presence_topic, shard)
+        state = self.presence.shards.get(shard)
+        if state is None or not state.ready:
+            return
+        start = int((await reader.beginning_offsets([tp]))[tp])
+        records: list[Any] = []
+        read_to = start
+        for _ in range(5):
+            target = state.next_offset
+            await read_partition(reader, tp, read_to, target, records)
+            read_to = target
+            async with self._lock:
+                if self.presence.shards.get(shard) is not state:
+                    return  # revoked or reassigned meanwhile
+                if state.next_offset == target:
+                    now_ms = int(time.time() * 1000)
+                    report = self.presence.reconcile(shard, snapshot_of(records), now_ms)
+                    if report is not None:
+                        self.metrics.on_reconcile(report.presence_reconcile_diff)
+                    return
 
     async def _fold(self, tp: TopicPartition, records: list[Any]) -> None:
         """Materialize one fetched run of a shard's dispatch partition, one WriteBatch."""
@@ -194,7 +268,40 @@ class MailboxNodeService(Service):
                 (r.committed_at for _, r in batch if isinstance(r, GroupDispatch)), default=0
             )
             self.metrics.on_batch(shard.shard, result, seconds, regressed, newest)
+            await self._push(shard, result.written, batch)
         shard.consumed(records[-1].offset)
+
+    async def _push(
+        self,
+        shard: OwnedShard,
+        written: Sequence[WrittenGroup],
+        batch: Sequence[tuple[int, DispatchLogRecord]],
+    ) -> None:
+        """11.1.2 step after the WriteBatch: plan and enqueue; never raises into the fold."""
+        if not written or self._producer is None:
+            return
+        try:
+            outcome = plan_batch_pushes(
+                written,
+                batch,
+                reader=shard.reader,
+                mailbox_shard=shard.shard,
+                shard_epoch=shard.epoch,
+                push_from_offset=shard.high_water,
+                presence=self.presence.cache(shard.shard),
+                now_ms=int(time.time() * 1000),
+            )
+            self.metrics.on_push(outcome)
+            await send_pushes(
+                self._producer,
+                self.options.to_gateway_topic,
+                outcome.plans,
+                on_done=self.metrics.on_push_acked,
+                tasks=self._push_tasks,
+            )
+        except Exception:
+            log.exception("shard %d: push step failed (the mailbox is unaffected)", shard.shard)
+            self.metrics.on_push_acked(0, 1)
 
     def _retry_from(self, tp: TopicPartition, shard: OwnedShard) -> None:
         """After a failed fold: nothing was written; read again from W after a pause."""
@@ -243,6 +350,9 @@ class MailboxNodeService(Service):
     async def _answer(self, partition: int, records: list[Any]) -> None:
         assert self._producer is not None
         self._request_offsets[partition] = records[-1].offset + 1
+        now_ms = int(time.time() * 1000)
+        for stale in stale_reports(records):
+            self.metrics.on_presence_stale(self.presence.invalidate(stale, now_ms))
         replies = replies_for(
             self.owned.get(partition), partition, records, self._ctx, self.metrics
         )
@@ -259,6 +369,7 @@ class MailboxNodeService(Service):
                 self._dormant[p] = shard
             self.owned.clear()
             self._request_offsets.clear()
+            self.presence.clear()
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
         """Open the stores and seek (:func:`~qim.agents.mailbox_takeover.take_over`)."""
@@ -273,6 +384,12 @@ class MailboxNodeService(Service):
                 admin=admin,
                 dormant=self._dormant,
             )
+            presence = sorted(tp for tp in assigned if tp.topic == self.options.presence_topic)
+            try:
+                self.presence.assign(await rewind(consumer, presence))
+            except Exception:  # no cache -> no push until the next assignment; mailbox unaffected
+                log.exception("presence partitions could not be rewound; pushes are off")
+                self.presence.assign({})
         log.info(
             "mailbox shards assigned in %.2f s: %s", time.monotonic() - started, sorted(self.owned)
         )

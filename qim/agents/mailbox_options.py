@@ -12,6 +12,8 @@ documented on the fields. Environment variables beyond ``QIM_<PARAM>``:
   created with one random key on first use. Every MailboxNode must load the same ring;
 * ``QIM_TENANT_OVERRIDES`` -- per-tenant ``mailbox_retention_days`` (as for the writer);
 * ``QIM_MAILBOX_SWEEP_INTERVAL_S`` -- how often the retention sweep runs (default 60);
+* ``QIM_MAILBOX_RECONCILE_INTERVAL_S`` -- how often each owned shard's presence cache is
+  reconciled against a full read of its compacted partition (default 60, spec 5.4.3 (2); 0: off);
 * ``QIM_MAILBOX_MAX_RECORDS`` -- records per fetch and per materialize call (default 500);
 * ``QIM_MAILBOX_CRASH_AT`` / ``_CRASH_SHARD`` / ``_CRASH_OFFSET`` -- the crash test hook.
 """
@@ -35,7 +37,7 @@ from qim.core.mailbox import FIRST_SHARD_EPOCH, MailboxConfig
 from qim.core.sync import CursorKey, CursorKeyRing, PullLimits
 from qim.params import Settings
 from qim.schemas.seqs import MAX_EPOCH
-from qim.streams.topics import DISPATCH, TO_GATEWAY, USER_REQUESTS
+from qim.streams.topics import DISPATCH, PRESENCE, TO_GATEWAY, USER_REQUESTS
 
 __all__ = [
     "CRASH_STEPS",
@@ -148,6 +150,9 @@ class MailboxOptions:
     dispatch_topic: str = DISPATCH.name
     requests_topic: str = USER_REQUESTS.name
     to_gateway_topic: str = TO_GATEWAY.name
+    presence_topic: str = PRESENCE.name
+    reconcile_interval_s: float = 60.0
+    """Presence reconcile period (5.4.3 (2)); 0 turns it off."""
 
     def __post_init__(self) -> None:
         if not FIRST_SHARD_EPOCH <= self.shard_epoch <= MAX_EPOCH:
@@ -174,6 +179,7 @@ class MailboxOptions:
             store_caps=dict(store_caps or {}),
             max_records=int(env.get("QIM_MAILBOX_MAX_RECORDS", "500")),
             sweep_interval_s=float(env.get("QIM_MAILBOX_SWEEP_INTERVAL_S", "60")),
+            reconcile_interval_s=float(env.get("QIM_MAILBOX_RECONCILE_INTERVAL_S", "60")),
             crash=CrashHook.from_env(env),
         )
 
@@ -209,6 +215,16 @@ class MailboxOptions:
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             partition_assignment_strategy=(assignor,),
             metadata_max_age_ms=5000,
+            fetch_max_wait_ms=100,
+        )
+
+    def presence_reader(self) -> AIOKafkaConsumer:
+        """A group-less consumer for the reconcile's full reads (manually assigned)."""
+        return AIOKafkaConsumer(
+            bootstrap_servers=self.bootstrap,
+            group_id=None,
+            client_id=f"{self.client_id}-reconcile",
+            enable_auto_commit=False,
             fetch_max_wait_ms=100,
         )
 

@@ -11,7 +11,9 @@ previous generation, and a seek per partition (:func:`take_over`).
   not skip a dispatch);
 * user-requests partition s -> the committed offset (the previous owner's answered requests
   are behind it), or the end for a first owner: requests queued before there was any owner
-  belong to sessions that have long given up.
+  belong to sessions that have long given up;
+* presence partition s -> left to the caller (``qim.agents.mailbox_presence.rewind``): the
+  cache is rebuilt from the beginning of the compacted partition on every assignment.
 
 A store that cannot be opened leaves its partition paused: its lanes answer SHARD_MOVED.
 """
@@ -83,7 +85,7 @@ async def take_over(
             p, offset, shard.committed_at_takeover, ends[tp], len(shard.refused()),
         )  # fmt: skip
     fresh = []
-    for tp in sorted(assigned - set(dispatch)):
+    for tp in sorted(tp for tp in assigned - set(dispatch) if tp.topic != options.presence_topic):
         meta = committed.get(tp)
         if meta is not None and meta.offset >= 0:
             consumer.seek(tp, meta.offset)
