@@ -2,15 +2,12 @@
 
 Usage::
 
-    from qim.client import QimClient
+    from qim.client import QimClient, login_and_sync
 
-    async with QimClient() as client:
-        ok = await client.connect("qim+tls://im.example.com", access_token, "phone-1")
-        seq = cursor_seq  # the local cursor's last_applied_mailbox_seq (0 on a new device)
-        while seq < ok.sync_to_seq:  # login sync (§9.3); nothing to pull if not has_offline
-            batch = await client.pull_mailbox(seq, up_to_seq=ok.sync_to_seq)
-            seq = batch.covered_through_seq  # after applying batch.entries
-        await client.sync_complete(ok.sync_to_seq)  # -> ONLINE_READY
+    # AUTH with the saved cursor, pipelined PULL_MAILBOX, SYNC_COMPLETE -> ONLINE_READY (§9.3)
+    result = await login_and_sync(QimClient(), url, access_token, "phone-1", saved_cursor)
+    store(result.entries)  # then persist result.cursor (a DeviceCursor, token included)
+    async with result.client as client:
         ack = await client.send_message("g:team", b"hello")
         ack = await client.send_direct("bob", b"hi")  # one-to-one: the id is derived
         async for frame in client.events():  # PUSH_EVENTS, KICKED, SESSION_DELTA, ...
@@ -44,7 +41,9 @@ from qim.client.errors import (
 from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import Identity, direct_conversation_id, identity_from_token
+from qim.client.login import SyncResult, login_and_sync
 from qim.client.state import TRANSITIONS, ClientEvent, ClientState, ClientStateMachine
+from qim.client.sync import DeviceCursor, MailboxSync
 from qim.client.transport import (
     ALPN_QIM,
     MAX_MESSAGE_BYTES,
@@ -66,6 +65,7 @@ __all__ = [
     "ClientState",
     "ClientStateMachine",
     "ConnectionClosedError",
+    "DeviceCursor",
     "Dialer",
     "Endpoint",
     "FramedConnection",
@@ -73,6 +73,7 @@ __all__ = [
     "HeartbeatState",
     "Identity",
     "IllegalTransition",
+    "MailboxSync",
     "MemoryNetwork",
     "MemoryTransport",
     "QimClient",
@@ -80,6 +81,7 @@ __all__ = [
     "QimError",
     "RequestTable",
     "RequestTimeout",
+    "SyncResult",
     "TlsTransport",
     "TooManyRedirects",
     "Transport",
@@ -90,6 +92,7 @@ __all__ = [
     "direct_conversation_id",
     "encode_auth",
     "identity_from_token",
+    "login_and_sync",
     "open_transport",
     "parse_url",
     "resolve_hint",

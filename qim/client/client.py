@@ -23,7 +23,7 @@ import ssl
 import time
 from collections.abc import AsyncIterator, Callable
 from types import TracebackType
-from typing import Final, TypeVar
+from typing import Any, Final, TypeVar
 
 import qim
 from qim.client.auth import encode_auth
@@ -96,6 +96,16 @@ class QimClient(FrameCalls):
         limits: Limits = DEFAULT_LIMITS,
         clock_ms: Callable[[], int] = _wall_ms,
     ) -> None:
+        self._options: dict[str, Any] = {
+            "dial": dial,
+            "ssl_context": ssl_context,
+            "server_hostname": server_hostname,
+            "heartbeat": heartbeat,
+            "connect_timeout": connect_timeout,
+            "request_timeout": request_timeout,
+            "limits": limits,
+            "clock_ms": clock_ms,
+        }
         self._dial = dial
         self._ssl_context = ssl_context
         self._server_hostname = server_hostname
@@ -133,6 +143,16 @@ class QimClient(FrameCalls):
     def redirects(self) -> int:
         """REDIRECTs followed on this connection (at most 1, §5.3.2)."""
         return self._fsm.redirects
+
+    def fresh(self) -> QimClient:
+        """A new, unconnected client with this one's options and identity.
+
+        One client is one connection; a login that has to AUTH again on a new connection (a
+        cursor verdict, SHARD_MOVED, see :mod:`qim.client.login`) continues with one of these.
+        """
+        clone = QimClient(**self._options)
+        clone.identity = self.identity
+        return clone
 
     async def __aenter__(self) -> QimClient:
         return self

@@ -3,7 +3,8 @@
 Layers, pure first:
 
 * ``states`` / ``session`` / ``login`` / ``actions``: one connection as a sans-I/O object
-  (bytes and time in, actions out), its login barrier as a transition table;
+  (bytes and time in, actions out), its lifecycle as a transition table; ``sync_barrier``:
+  the login-sync barrier of a session (served ranges, SYNC_COMPLETE -> ONLINE_READY, §9.3.4);
 * ``outbound`` (stream scheduling), ``devices`` (replacement, device cap), ``admission``
   (per-IP rate), ``wheel`` (lazy timeouts), ``presence`` (the PresenceEntry record),
   ``windows`` (windowed metrics): pure rules, time as an argument;
@@ -11,6 +12,7 @@ Layers, pure first:
   to-gateway record -> the connection and frame it is for): pure;
 * ``connection``, ``ws``, ``tcp``, ``listeners``, ``node``, ``logins``, ``presence_writer``,
   ``forwarder`` (requests to Kafka), ``router`` (ConversationRouter: requests out, replies in),
+  ``mailbox_requests`` (login sync's user requests to the MailboxNode, its replies back),
   ``metrics``, ``routing_metrics``, ``cli``: the thin I/O around them.
 
 ``ownership`` (Kafka group ownership of ConnectionShards) plugs into the ``Ownership`` seam.
@@ -23,6 +25,7 @@ from qim.gateway.config import GatewayConfig
 from qim.gateway.connection import Connection, Transport
 from qim.gateway.devices import Admission, DeviceRegistry, Kick
 from qim.gateway.forwarder import RequestForwarder, RequestProducer
+from qim.gateway.mailbox_requests import MailboxRequests
 from qim.gateway.metrics import GatewayMetrics
 from qim.gateway.node import ConnectionNode
 from qim.gateway.outbound import OutboundQueue
@@ -31,6 +34,7 @@ from qim.gateway.ports import (
     AuthGrant,
     AuthRejected,
     AuthRequest,
+    MailboxLogin,
     OwnAll,
     Ownership,
     PresenceSink,
@@ -42,6 +46,7 @@ from qim.gateway.router import ConversationRouter, ReplySource
 from qim.gateway.routing import Routed, route_frame
 from qim.gateway.session import Session, SessionConfig
 from qim.gateway.states import TRANSITIONS, ConnState, Event, IllegalTransition
+from qim.gateway.sync_barrier import LoginBarrier
 from qim.gateway.wheel import TimingWheel
 from qim.schemas.records.presence import (
     PresenceEntry,
@@ -75,6 +80,9 @@ __all__ = [
     "IllegalTransition",
     "KafkaPresenceWriter",
     "Kick",
+    "LoginBarrier",
+    "MailboxLogin",
+    "MailboxRequests",
     "MemoryAuthenticator",
     "MemoryPresence",
     "OutboundQueue",

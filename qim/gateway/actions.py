@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from qim.gateway.ports import AuthRequest
-from qim.schemas.frames import PROTOCOL_VERSION, Body, Frame
+from qim.schemas.frames import PROTOCOL_VERSION, Body, Frame, MailboxCursor
 
 __all__ = ["Action", "Authenticate", "Close", "CloseReason", "Count", "Forward", "Send"]
 
@@ -22,6 +22,7 @@ class CloseReason(Enum):
     NOT_AUTHENTICATED = "not_authenticated"  # a frame other than AUTH before AUTH_OK
     DUPLICATE_AUTH = "duplicate_auth"  # AUTH while one is in flight / for another device
     AUTH_FAILED = "auth_failed"  # AuthService refused the token or client
+    CURSOR_REJECTED = "cursor_rejected"  # CURSOR_INVALID / _EXPIRED / _REBASED at AUTH (§9.3.1)
     UNAUTH_TIMEOUT = "unauth_timeout"  # unauth_connection_timeout (B.4)
     IDLE_TIMEOUT = "idle_timeout"  # idle_timeout (B.4, §15.1.3)
     KICKED = "kicked"  # KICKED sent (replaced, revoked ...)
@@ -52,10 +53,15 @@ class Close:
 
 @dataclass(frozen=True, slots=True)
 class Authenticate:
-    """Call the authenticator; feed the result back (auth_accepted / auth_rejected)."""
+    """Call the authenticator; feed the result back (auth_accepted / auth_rejected).
+
+    ``cursor`` is the AUTH frame's ``mailbox_cursor`` (None: a new device, §9.6.1), for the
+    login sync that follows a first AUTH; a renewal never syncs (§15.3.1).
+    """
 
     request: AuthRequest
     renewal: bool = False
+    cursor: MailboxCursor | None = None
 
 
 @dataclass(frozen=True, slots=True)

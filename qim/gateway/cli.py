@@ -133,6 +133,14 @@ def run_gateway(config: GatewayConfig, **options: object) -> None:
     show_default=True,
     help="Forward conversation requests and deliver replies (needs --kafka-bootstrap).",
 )
+@click.option(
+    "--mailbox-sync/--no-mailbox-sync",
+    envvar="QIM_MAILBOX_SYNC",
+    default=True,
+    show_default=True,
+    help="Login sync with the MailboxNode (AUTH_OK sync fields, PULL_MAILBOX, SYNC_COMPLETE); "
+    "on only with routing.",
+)
 def gateway(
     node_id: str,
     host: str,
@@ -148,6 +156,7 @@ def gateway(
     dev_auth: bool,
     conversation_partitions: int,
     routing: bool,
+    mailbox_sync: bool,
 ) -> None:
     """Run a ConnectionNode: WebSocket and TLS/TCP (ALPN qim/1) listeners, /metrics."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -163,6 +172,7 @@ def gateway(
             advertised_endpoint=advertise,
             kafka_bootstrap=kafka_bootstrap,
             route_requests=routing and bool(kafka_bootstrap),
+            mailbox_sync=mailbox_sync and routing and bool(kafka_bootstrap),
             conversation_partition_count=conversation_partitions,
             settings=Settings.load(),
         )

@@ -14,6 +14,7 @@ from pathlib import Path
 from qim.gateway.session import SessionConfig
 from qim.params import Settings
 from qim.schemas.frames import HEADER_SIZE, Limits
+from qim.streams.topics import USER_REQUESTS
 
 __all__ = ["GatewayConfig", "is_loopback"]
 
@@ -50,6 +51,12 @@ class GatewayConfig:
     conversation_partition_count: int = 16  # = the topic's partitions, checked at start
     request_linger_ms: int = 2  # producer batching; a send's budget is 150 ms p99 (§24.1.2)
     max_queued_requests: int = 10_000  # beyond it: ERROR{REGION_FAILOVER} at once
+    # Login sync (issue 5, §9.3): AUTH_OK waits for the MailboxNode's sync fields, PULL_MAILBOX
+    # and SYNC_COMPLETE are served. Off unless asked, like routing (a node tested as a pure
+    # connection layer has no MailboxNode to ask); ``qim gateway`` turns it on with routing.
+    mailbox_sync: bool = False
+    user_requests_topic: str = USER_REQUESTS.name
+    mailbox_sync_timeout_ms: int = 5_000  # no MailboxReply by then: ERROR{SHARD_MOVED} + close
     settings: Settings = field(default_factory=Settings.load)
     unauth_connection_timeout_ms: int | None = None
     next_ping_interval_ms: int | None = None
@@ -72,6 +79,10 @@ class GatewayConfig:
             raise ValueError("routing conversation requests needs a Kafka bootstrap")
         if self.conversation_partition_count < 1:
             raise ValueError("conversation_partition_count must be positive")
+        if self.mailbox_sync and not self.route_requests:
+            raise ValueError("mailbox sync rides the request routing: it needs route_requests")
+        if self.mailbox_sync_timeout_ms < 1:
+            raise ValueError("mailbox_sync_timeout_ms must be positive")
 
     @property
     def tls(self) -> bool:

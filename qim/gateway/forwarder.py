@@ -13,7 +13,10 @@ refuses at once and the caller answers an error with ``retry_after_ms`` rather t
 memory grow while Kafka is away.
 
 The partition count is checked against the topic at start: a gateway that hashed conversations
-over another count than the topic has would route them to the wrong ConversationWriter.
+over another count than the topic has would route them to the wrong ConversationWriter. The
+same producer and queue also carry the user requests of login sync (``extra_topics``: the
+``qim.user-requests`` topic, whose partitions must be the MailboxShards), so a gateway holds one
+producer connection set, not one per topic.
 """
 
 from __future__ import annotations
@@ -22,16 +25,15 @@ import asyncio
 import contextlib
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
 
-from qim.gateway.routing import Routed
-
 __all__ = [
     "Delivered",
+    "Outgoing",
     "RequestForwarder",
     "RequestProducer",
     "check_partition_count",
@@ -42,6 +44,19 @@ log = logging.getLogger(__name__)
 
 Delivered = Callable[[BaseException | None], None]
 """Called once per submitted record: None when Kafka acknowledged it, else the failure."""
+
+
+class Outgoing(Protocol):
+    """One record to produce: ``routing.Routed`` or a user request (``mailbox_requests``)."""
+
+    @property
+    def key(self) -> bytes: ...
+
+    @property
+    def value(self) -> bytes: ...
+
+    @property
+    def partition(self) -> int: ...
 
 
 class RequestProducer(Protocol):
@@ -75,21 +90,28 @@ def kafka_request_producer(
     return producer
 
 
-async def check_partition_count(producer: RequestProducer, topic: str, expected: int) -> None:
+async def check_partition_count(
+    producer: RequestProducer,
+    topic: str,
+    expected: int,
+    *,
+    setting: str = "conversation_partition_count",
+    owner: str = "ConversationWriter",
+) -> None:
     """Raise RuntimeError unless ``topic`` has exactly ``expected`` partitions."""
     partitions = await producer.partitions_for(topic)
     if len(partitions) != expected:
         raise RuntimeError(
-            f"{topic} has {len(partitions)} partitions but conversation_partition_count is "
-            f"{expected}: requests would reach the wrong ConversationWriter; fix the setting "
-            "(QIM_CONVERSATION_PARTITION_COUNT) or the topic"
+            f"{topic} has {len(partitions)} partitions but {setting} is {expected}: requests "
+            f"would reach the wrong {owner}; fix the setting (QIM_{setting.upper()}) or the topic"
         )
 
 
 @dataclass(frozen=True, slots=True)
 class _Item:
-    routed: Routed
+    routed: Outgoing
     done: Delivered
+    topic: str
 
 
 class RequestForwarder:
@@ -102,12 +124,16 @@ class RequestForwarder:
         partition_count: int,
         *,
         max_queued: int = 10_000,
+        extra_topics: Mapping[str, tuple[int, str, str]] | None = None,
     ) -> None:
+        """``extra_topics``: topic -> (partition count, setting name, consumer) of the other
+        topics ``submit(..., topic=)`` may name, checked at start like ``topic``."""
         if partition_count < 1 or max_queued < 1:
             raise ValueError("partition_count and max_queued must be positive")
         self.topic = topic
         self.partition_count = partition_count
         self.max_queued = max_queued
+        self.extra_topics = dict(extra_topics or {})
         self._producer = producer
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None
@@ -120,6 +146,10 @@ class RequestForwarder:
         await self._producer.start()
         try:
             await check_partition_count(self._producer, self.topic, self.partition_count)
+            for topic, (count, setting, owner) in self.extra_topics.items():
+                await check_partition_count(
+                    self._producer, topic, count, setting=setting, owner=owner
+                )
         except BaseException:
             await self._producer.stop()
             raise
@@ -142,11 +172,14 @@ class RequestForwarder:
             await asyncio.wait_for(self._producer.flush(), timeout_s)
         await self._producer.stop()
 
-    def submit(self, routed: Routed, done: Delivered) -> bool:
-        """Queue one record; False (and ``done`` never called) when the queue is full."""
+    def submit(self, routed: Outgoing, done: Delivered, *, topic: str | None = None) -> bool:
+        """Queue one record for ``topic`` (default: the requests topic); False (and ``done``
+        never called) when the queue is full."""
         if self._sender is None or self._queue.qsize() >= self.max_queued:
             return False
-        self._queue.put_nowait(_Item(routed, done))
+        if topic is not None and topic != self.topic and topic not in self.extra_topics:
+            raise ValueError(f"{topic} is not a topic of this forwarder")
+        self._queue.put_nowait(_Item(routed, done, topic or self.topic))
         return True
 
     async def _send_loop(self) -> None:
@@ -157,7 +190,7 @@ class RequestForwarder:
             routed = item.routed
             try:
                 future = await self._producer.send(
-                    self.topic, value=routed.value, key=routed.key, partition=routed.partition
+                    item.topic, value=routed.value, key=routed.key, partition=routed.partition
                 )
             except asyncio.CancelledError:
                 raise

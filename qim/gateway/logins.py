@@ -9,8 +9,19 @@
    retry_after_ms} + close (§5.3.2).
 3. Devices: the registry replaces the same device_id (larger epoch wins) or evicts the least
    recently active beyond ``max_devices_per_user``; the losers get KICKED.
-4. AUTH_OK, then the PresenceEntry (after AUTH_OK, §7.10); an evicted device's entry is
-   tombstoned first.
+4. With login sync on, between 2 and 3: the MailboxNode checks the AUTH's cursor and snapshots
+   ``sync_to_seq`` (§9.3.1, :class:`~qim.gateway.ports.MailboxLogin`). Before the device
+   registry, on purpose: a cursor refused or a shard that does not answer must not have kicked
+   the device's live connection, and a login that is still waiting holds no registry slot a
+   closing socket could leak. A cursor verdict (CURSOR_INVALID / _EXPIRED / _REBASED) is sent
+   and the connection closed, like every other refused AUTH here: the state table has no way
+   back to AWAITING_AUTH, and the client's next step is a new AUTH anyway (re-authenticate,
+   REBUILD re-handshake, replay with the new cursor - A.6); SHARD_MOVED{retry_after_ms} (no
+   answer within ``mailbox_sync_timeout_ms``) closes as the ConnectionShard one does.
+5. AUTH_OK (with the sync fields), then the PresenceEntry (after AUTH_OK, §7.10); an evicted
+   device's entry is tombstoned first. The entry follows the ``sync_to_seq`` snapshot, so an
+   event materialized in between may miss the realtime push; the SDK's login therefore ends
+   with one ``PULL_MAILBOX(cursor, 0)`` top-up (the digest's "login race", ``qim.client.login``).
 
 A failure of ours (AuthService unreachable) is not the client's fault: ERROR{RATE_LIMITED,
 retry_after_ms} with jitter, the back-off instruction §15.2.3 uses for server-side pressure.
@@ -23,14 +34,22 @@ import random
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from qim.gateway.actions import Authenticate
+from qim.gateway.actions import Authenticate, CloseReason
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.metrics import GatewayMetrics
-from qim.gateway.ports import Authenticator, AuthGrant, AuthRejected, Ownership, PresenceSink
+from qim.gateway.ports import (
+    Authenticator,
+    AuthGrant,
+    AuthRejected,
+    MailboxLogin,
+    Ownership,
+    PresenceSink,
+)
 from qim.gateway.states import ConnState
 from qim.schemas import connection_shard_id, lane_id, user_bucket
-from qim.schemas.frames import Error, ErrorCode, Redirect
+from qim.schemas.frames import Error, ErrorCode, MailboxCursor, Redirect, for_code
 from qim.schemas.records.presence import PresenceEntry, PresenceKey
+from qim.schemas.records.user_requests import AuthSyncResult
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig
@@ -39,6 +58,10 @@ if TYPE_CHECKING:
 __all__ = ["LoginFlow", "jittered"]
 
 log = logging.getLogger(__name__)
+
+_CURSOR_CODES = frozenset(
+    int(c) for c in (ErrorCode.CURSOR_INVALID, ErrorCode.CURSOR_EXPIRED, ErrorCode.CURSOR_REBASED)
+)
 
 
 def jittered(base_ms: int, jitter: float = 0.3) -> int:
@@ -73,6 +96,7 @@ class LoginFlow:
         self._lease_ttl = int(s.presence_lease_ttl)
         self._route_ttl = int(s.route_token_ttl)
         self.backoff_ms = int(s.reconnect_backoff.initial_ms)
+        self.mailbox: MailboxLogin | None = None  # login sync (``mailbox_sync``): set by the node
 
     async def run(self, conn: Connection, action: Authenticate) -> None:
         request = action.request
@@ -106,19 +130,35 @@ class LoginFlow:
         if action.renewal:
             self._accept(conn, grant, request.now_ms)
         else:
-            await self._first_login(conn, grant, request.now_ms)
+            await self._first_login(conn, grant, request.now_ms, action.cursor)
 
     def shard_of(self, tenant_id: str, user_id: str) -> int:
         """The user's ConnectionShard (§5.2)."""
         return connection_shard_id(user_bucket(tenant_id, user_id, self._vbc), self._conn_shards)
 
-    async def _first_login(self, conn: Connection, grant: AuthGrant, started_ms: int) -> None:
+    async def _first_login(
+        self, conn: Connection, grant: AuthGrant, started_ms: int, cursor: MailboxCursor | None
+    ) -> None:
         shard = self.shard_of(grant.tenant_id, grant.user_id)
         if not self.ownership.owns(shard):
             await self._redirect(conn, grant, shard, grant.redirected)
             return
         if conn.session.state is not ConnState.AUTHENTICATING:
             return  # closed meanwhile (unauth timeout, peer gone): nothing to register
+        sync: AuthSyncResult | None = None
+        if self.mailbox is not None:
+            outcome = await self.mailbox.sync_auth(
+                grant, cursor, connection_shard=shard, request_id=conn.session.auth_request_id
+            )
+            if conn.session.state is not ConnState.AUTHENTICATING:
+                return  # closed while the MailboxNode answered
+            if isinstance(outcome, Error):
+                self._sync_refused(conn, outcome)
+                return
+            if not self.ownership.owns(shard):  # lost during the wait: as if never ours
+                await self._redirect(conn, grant, shard, grant.redirected)
+                return
+            sync = outcome
         now = self.clock_ms()
         admission = self.registry.admit(
             grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch, conn, now
@@ -133,15 +173,34 @@ class LoginFlow:
                 self.metrics.presence.labels(kind="tombstone").inc()
         if not admission.admitted:
             return
-        self._accept(conn, grant, started_ms)
+        self._accept(conn, grant, started_ms, sync)
         self.publish(conn, shard)
 
-    def _accept(self, conn: Connection, grant: AuthGrant, started_ms: int) -> None:
+    def _sync_refused(self, conn: Connection, error: Error) -> None:
+        """The MailboxNode's ERROR instead of AUTH_OK (§9.3.1), then close (see the docstring)."""
+        self.metrics.on_auth(for_code(error.code).name.lower())
+        now = self.clock_ms()
+        if error.code in _CURSOR_CODES:
+            conn.apply(conn.session.auth_rejected(error, now, CloseReason.CURSOR_REJECTED))
+        else:
+            conn.apply(conn.session.refuse(error, now))
+
+    def _accept(
+        self,
+        conn: Connection,
+        grant: AuthGrant,
+        started_ms: int,
+        sync: AuthSyncResult | None = None,
+    ) -> None:
         now = self.clock_ms()
         lane = lane_id(grant.tenant_id, grant.user_id, self._lanes)
         conn.apply(
             conn.session.auth_accepted(
-                grant, now_ms=now, lane_id=lane, preferred_endpoint=self.config.advertised_endpoint
+                grant,
+                now_ms=now,
+                lane_id=lane,
+                preferred_endpoint=self.config.advertised_endpoint,
+                sync=sync,
             )
         )
         self.metrics.on_auth("ok", latency_ms=now - started_ms)

@@ -11,10 +11,11 @@ Two kinds of series:
 * raw counters/histograms (``auth_attempts_total``, ``auth_latency_seconds`` ...) so PromQL can
   aggregate across nodes, which a per-node p99 cannot.
 
-Declared without samples until their stage exists: ``online_ready_latency_p99`` (ONLINE_READY),
-``takeover_admit_duration`` (takeover), ``session_epoch_reject_total`` stays 0 until PushBatch,
-``empty_pull_ratio`` (PULL_MAILBOX), and the client-measured ``dead_connection_detect_ms_p99``
-and ``false_disconnect_ratio`` (a server cannot see them; the SDK reports them later).
+Declared without samples until their stage exists: ``online_ready_latency_p99`` (needs the
+backlog buckets of the push stage), ``takeover_admit_duration`` (takeover),
+``session_epoch_reject_total`` stays 0 until PushBatch, and the client-measured
+``dead_connection_detect_ms_p99`` and ``false_disconnect_ratio`` (a server cannot see them; the
+SDK reports them later). ``empty_pull_ratio`` is computed from the MAILBOX_BATCHes served.
 """
 
 from __future__ import annotations
@@ -35,7 +36,6 @@ _NO_SAMPLES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     ("takeover_admit_duration", "seconds to admit all connections after a takeover", ()),
     ("dead_connection_detect_ms_p99", "client-measured dead-link detection p99 (SDK)", ()),
     ("false_disconnect_ratio", "connections with traffic closed for timeout (SDK)", ()),
-    ("empty_pull_ratio", "share of PULL_MAILBOX returning 0 items, 5 min", ()),
 )
 
 
@@ -63,6 +63,9 @@ class _Windowed(Collector):
                      m.heartbeat_window.total(now) / 60)  # fmt: skip
         yield _gauge("ping_backoff_trigger_rate", "PING{probe} per online connection, 1 h", (
             m.probe_window.total(now) / online if online else None))  # fmt: skip
+        pulls = m.pull_window.total(now)
+        yield _gauge("empty_pull_ratio", "share of PULL_MAILBOX returning 0 items, 5 min", (
+            m.empty_pull_window.total(now) / pulls if pulls else None))  # fmt: skip
         for name, doc, labels in _NO_SAMPLES:
             yield GaugeMetricFamily(name, doc, labels=list(labels))
 
@@ -123,12 +126,24 @@ class GatewayMetrics:
         self.pings = Counter("pings_total", "PING received", ["probe"], registry=r)
         self.presence = Counter("presence_records_total", "presence writes", ["kind"], registry=r)
         self.limit_exceeded = Counter("limit_exceeded_total", "B.5 field limits hit", registry=r)
+        self.mailbox_batches = Counter(
+            "qim_gateway_mailbox_batches_total",
+            "PULL_MAILBOX answers written: entries / empty / the ERROR code", ["result"],
+            registry=r,
+        )  # fmt: skip
+        self.sync_complete = Counter(
+            "qim_gateway_sync_complete_total",
+            "SYNC_COMPLETE verdicts: online_ready / sync_incomplete (§9.3.4)", ["result"],
+            registry=r,
+        )  # fmt: skip
         self.auth_window = WindowedCounter(5 * _MIN)
         self.auth_ok_window = WindowedCounter(5 * _MIN)
         self.auth_latency_window = WindowedQuantile(5 * _MIN)
         self.connect_window = WindowedCounter(_MIN)
         self.heartbeat_window = WindowedCounter(_MIN)
         self.probe_window = WindowedCounter(60 * _MIN, bucket_ms=_MIN)
+        self.pull_window = WindowedCounter(5 * _MIN)
+        self.empty_pull_window = WindowedCounter(5 * _MIN)
         r.register(_Windowed(self))
 
     def on_open(self) -> None:
@@ -161,3 +176,12 @@ class GatewayMetrics:
             self.protocol_errors.labels(error=label or "unknown").inc()
         elif name == "limit_exceeded":
             self.limit_exceeded.inc()
+        elif name == "mailbox_batch":
+            self.mailbox_batches.labels(result=label).inc()
+            if label in ("entries", "empty"):
+                now = self.clock_ms()
+                self.pull_window.add(now)
+                if label == "empty":
+                    self.empty_pull_window.add(now)
+        elif name == "sync_complete":
+            self.sync_complete.labels(result=label).inc()

@@ -5,7 +5,8 @@ It touches Redis only through the authenticator at login, never per message or h
 (direction.md §1). Timeouts run on one timing wheel with lazy checks (§15.1.5), presence
 leases are renewed every ``presence_lease_renew`` in one pass (§5.4.2). With
 ``route_requests`` the ConversationRouter (``router.py``) forwards business frames to the
-ConversationWriter and delivers its replies read from the owned ConnectionShards.
+ConversationWriter and delivers its replies read from the owned ConnectionShards; with
+``mailbox_sync`` it also carries login sync to the MailboxNode (``mailbox_requests.py``).
 """
 
 from __future__ import annotations
@@ -99,6 +100,7 @@ class ConnectionNode:
                 config, self.registry, self.logins.shard_of, self.metrics.registry,
                 clock_ms=clock_ms, producer=request_producer,
             )  # fmt: skip
+            self.logins.mailbox = self.router.mailbox  # login sync (``mailbox_sync``)
         if frame_handler is None and self.router is not None:
             frame_handler = self.router.handle
         self.frame_handler = frame_handler

@@ -2,7 +2,8 @@
 
 Each seam is a Protocol so the node never imports a concrete service at module import time:
 ``qim.auth.AuthService`` is wrapped by :mod:`qim.gateway.auth_adapter`, Kafka group ownership
-lives in ``qim.gateway.ownership``, and the presence writer in :mod:`qim.gateway.presence_writer`.
+lives in ``qim.gateway.ownership``, the presence writer in :mod:`qim.gateway.presence_writer`,
+and the MailboxNode's login answer in :mod:`qim.gateway.mailbox_requests`.
 Tests plug in-memory doubles into the same seams (style.md item 5).
 """
 
@@ -11,14 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from qim.schemas.frames import Error, ErrorCode
+from qim.schemas.frames import Error, ErrorCode, MailboxCursor
 from qim.schemas.records.presence import PresenceEntry, PresenceKey
+from qim.schemas.records.user_requests import AuthSyncResult
 
 __all__ = [
     "AuthGrant",
     "AuthRejected",
     "AuthRequest",
     "Authenticator",
+    "MailboxLogin",
     "OwnAll",
     "Ownership",
     "PresenceSink",
@@ -144,4 +147,20 @@ class PresenceSink(Protocol):
 
     def tombstone(self, key: PresenceKey) -> None:
         """Queue a null-value record for the key (clean disconnect)."""
+        ...
+
+
+class MailboxLogin(Protocol):
+    """The MailboxNode as a login sees it (§9.3.1): the cursor checks and AUTH_OK's sync part."""
+
+    async def sync_auth(
+        self,
+        grant: AuthGrant,
+        cursor: MailboxCursor | None,
+        *,
+        connection_shard: int,
+        request_id: int = 0,
+    ) -> AuthSyncResult | Error:
+        """AUTH_OK's sync fields, or the ERROR to send instead: CURSOR_INVALID / _EXPIRED /
+        _REBASED (the cursor's verdict) or SHARD_MOVED{retry_after_ms} (no answer in time)."""
         ...

@@ -15,6 +15,11 @@ here, which is what A.6 #7 names, and it gives the client the right retry (§19.
 message pending, back off, resend with the same client_message_id - ClientDedup makes a
 request that did land harmless). RATE_LIMITED would blame the user for an outage and count
 toward ``send_reject_total{RATE_LIMITED}``'s user-pressure alert (§24.1.2).
+
+With ``mailbox_sync`` the same forwarder and reader also carry login sync
+(:class:`~qim.gateway.mailbox_requests.MailboxRequests`): PULL_MAILBOX goes to
+``qim.user-requests`` at the user's MailboxShard, and ``kind="mailbox_reply"`` records of the
+to-gateway topic go to it instead of being counted as an unknown kind.
 """
 
 from __future__ import annotations
@@ -32,10 +37,11 @@ from qim.gateway.actions import Send
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
 from qim.gateway.logins import jittered
+from qim.gateway.mailbox_requests import MailboxRequests
 from qim.gateway.replies import ReplyVerdict, reply_send, resolve_reply
 from qim.gateway.routing import Routed, request_kind, route_frame
 from qim.gateway.routing_metrics import RoutingMetrics
-from qim.schemas.frames import Error, ErrorCode, Frame, for_code
+from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, for_code
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig
@@ -90,6 +96,7 @@ class ConversationRouter:
         self._max_pending = max_pending
         self._pending: dict[_PendingKey, _Pending] = {}
         self._pump: asyncio.Task[None] | None = None
+        self.mailbox: MailboxRequests | None = None  # login sync, when the node has it on
         self.metrics = RoutingMetrics(
             metrics_registry,
             clock_ms=clock_ms,
@@ -118,6 +125,9 @@ class ConversationRouter:
         """The node's frame handler: never blocks, never awaits Kafka."""
         grant = conn.session.grant
         if grant is None or conn.closing:
+            return
+        if self.mailbox is not None and isinstance(frame.body, PullMailbox):
+            self.mailbox.pull(conn, frame)
             return
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(
@@ -188,6 +198,10 @@ class ConversationRouter:
     def deliver(self, value: bytes | None) -> ReplyVerdict:
         """Write one to-gateway record to its connection (or count why not)."""
         resolved = resolve_reply(value, self._registry)
+        if self.mailbox is not None and value and resolved.kind == "mailbox_reply":
+            verdict = self.mailbox.deliver(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
         self.metrics.records.labels(kind=resolved.kind, result=resolved.verdict.value).inc()
         reply = resolved.reply
         if reply is None:
@@ -238,17 +252,41 @@ def build_router(
         producer = kafka_request_producer(
             config.kafka_bootstrap, linger_ms=config.request_linger_ms, client_id=config.node_id
         )
+    settings = config.settings
+    extra = {}
+    if config.mailbox_sync:
+        extra[config.user_requests_topic] = (
+            int(settings.mailbox_shard_count),
+            "mailbox_shard_count",
+            "MailboxNode",
+        )
     forwarder = RequestForwarder(
         producer,
         config.requests_topic,
         config.conversation_partition_count,
         max_queued=config.max_queued_requests,
+        extra_topics=extra,
     )
-    return ConversationRouter(
+    router = ConversationRouter(
         forwarder,
         registry,
         shard_of,
         metrics_registry,
         clock_ms=clock_ms,
-        retry_after_ms=int(config.settings.region_failover_retry_after_ms),
+        retry_after_ms=int(settings.region_failover_retry_after_ms),
     )
+    if config.mailbox_sync:
+        router.mailbox = MailboxRequests(
+            forwarder,
+            registry,
+            shard_of,
+            metrics_registry,
+            topic=config.user_requests_topic,
+            virtual_bucket_count=int(settings.virtual_bucket_count),
+            mailbox_shard_count=int(settings.mailbox_shard_count),
+            node_id=config.node_id,
+            timeout_ms=config.mailbox_sync_timeout_ms,
+            retry_after_ms=int(settings.reconnect_backoff.initial_ms),
+            clock_ms=clock_ms,
+        )
+    return router

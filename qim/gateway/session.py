@@ -18,12 +18,16 @@ Rules and where they come from:
 * PING -> PONG{ping_id, server_time, echo_client_time, last_pushed_user_seq, mailbox_dirty,
   next_ping_interval_ms, idle_timeout_ms} on stream 0 (§15.1); no watermark (§6.10.1);
 * deadlines: ``unauth_connection_timeout`` from open until AUTH_OK, then ``idle_timeout`` after
-  the last valid inbound frame (§15.1.5: any valid frame refreshes last_active_at, lazily).
+  the last valid inbound frame (§15.1.5: any valid frame refreshes last_active_at, lazily);
+* login sync (when the node asks the MailboxNode at AUTH): AUTH_OK carries its sync fields and
+  starts the session's :class:`~qim.gateway.sync_barrier.LoginBarrier`, which answers
+  SYNC_COMPLETE itself (§9.3.4); without it SYNC_COMPLETE is forwarded like any frame.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import msgspec
 
@@ -31,6 +35,7 @@ from qim.gateway.actions import Action, Authenticate, Close, CloseReason, Count,
 from qim.gateway.login import auth_request, check_credentials, upgrade_required
 from qim.gateway.ports import AuthGrant
 from qim.gateway.states import ConnState, ConnStateMachine, Event
+from qim.gateway.sync_barrier import LoginBarrier
 from qim.schemas.frames import (
     DEFAULT_LIMITS,
     PROTOCOL_VERSION,
@@ -49,9 +54,11 @@ from qim.schemas.frames import (
     ProtocolError,
     Redirect,
     Role,
+    SyncComplete,
     UnknownFrame,
     negotiate_version,
 )
+from qim.schemas.records.user_requests import AuthSyncResult
 
 __all__ = ["Session", "SessionConfig"]
 
@@ -82,6 +89,7 @@ class Session:
         self.version = PROTOCOL_VERSION  # Ve after AUTH (§27.1.1)
         self.last_pushed_user_seq = 0  # starts at AUTH_OK.sync_to_seq (§15.1.1)
         self.mailbox_dirty = False
+        self.sync: LoginBarrier | None = None  # set at AUTH_OK when the login was synced
         self.close_reason: CloseReason | None = None
         self._machine = ConnStateMachine()
         self._decoder = FrameDecoder(Role.SERVER, limits=config.limits)
@@ -91,6 +99,11 @@ class Session:
     @property
     def state(self) -> ConnState:
         return self._machine.state
+
+    @property
+    def auth_request_id(self) -> int:
+        """The request_id of the AUTH being answered (echoed by its verdict, A.1)."""
+        return self._auth_request_id
 
     @property
     def closed(self) -> bool:
@@ -169,6 +182,8 @@ class Session:
         if self.closed:
             return self._denied("frame before AUTH_OK", frame.header.request_id)
         self.last_active_ms = now_ms
+        if self.sync is not None and isinstance(body, SyncComplete):
+            return self.sync.complete(frame.header.request_id, body, self.version)
         return [Forward(frame)]
 
     # -- node decisions in -----------------------------------------------------------------
@@ -181,31 +196,42 @@ class Session:
         lane_id: int = 0,
         preferred_endpoint: str = "",
         sync_delay_hint_ms: int = 0,
+        sync: AuthSyncResult | None = None,
     ) -> list[Action]:
-        """AUTH_OK. On a renewal the session_epoch stays as it was (§15.3.1)."""
+        """AUTH_OK. On a renewal the session_epoch stays as it was (§15.3.1) and nothing is
+        synced; ``sync`` (a first login's MailboxNode answer) fills the sync fields, starts the
+        login barrier and ``last_pushed_user_seq`` at ``sync_to_seq`` (§15.1.1)."""
         renewal = self._machine.state is ConnState.RENEWING
         if self._fire(Event.AUTH_ACCEPTED) is ConnState.CLOSED:
             return []
         if not renewal:
             self.grant, self.lane_id = grant, lane_id
+            if sync is not None:
+                self.sync, self.lane_id = LoginBarrier(sync), sync.lane_id
+                self.last_pushed_user_seq = sync.sync_to_seq
         self.last_active_ms = now_ms
         current = self.grant
         assert current is not None
-        ok = AuthOk(
-            session_epoch=current.session_epoch,
-            lane_id=self.lane_id,
-            sync_to_seq=self.last_pushed_user_seq,
-            preferred_endpoint=preferred_endpoint,
-            sync_delay_hint_ms=sync_delay_hint_ms,
-            next_ping_interval_ms=self.config.next_ping_interval_ms,
-        )
+        fields: dict[str, Any] = {
+            "session_epoch": current.session_epoch,
+            "preferred_endpoint": preferred_endpoint,
+            "sync_delay_hint_ms": sync_delay_hint_ms,
+            "next_ping_interval_ms": self.config.next_ping_interval_ms,
+        }
+        if self.sync is not None and not renewal:
+            ok = self.sync.auth_ok(**fields)
+        else:
+            ok = AuthOk(lane_id=self.lane_id, sync_to_seq=self.last_pushed_user_seq, **fields)
         return [Send(ok, request_id=self._auth_request_id, version=self.version)]
 
-    def auth_rejected(self, error: Error, now_ms: int) -> list[Action]:
-        """ERROR{TOKEN_EXPIRED | TOKEN_REVOKED | UPGRADE_REQUIRED | PERMISSION_DENIED ...}."""
+    def auth_rejected(
+        self, error: Error, now_ms: int, reason: CloseReason = CloseReason.AUTH_FAILED
+    ) -> list[Action]:
+        """ERROR{TOKEN_EXPIRED | TOKEN_REVOKED | UPGRADE_REQUIRED | PERMISSION_DENIED ...}, or
+        a cursor verdict of the login sync (``CloseReason.CURSOR_REJECTED``, §9.3.1)."""
         if self._fire(Event.AUTH_REJECTED) is ConnState.CLOSED:
             return []
-        return self._final(self._echo(error), CloseReason.AUTH_FAILED, error.detail)
+        return self._final(self._echo(error), reason, error.detail)
 
     def refuse(self, body: Redirect | Error, now_ms: int) -> list[Action]:
         """REDIRECT, or ERROR{SHARD_MOVED | RATE_LIMITED}, then close (§5.3.2, §15.2.3); once
@@ -345,4 +371,4 @@ class Session:
             error = Error(code=int(ErrorCode.PERMISSION_DENIED), detail=problem, request_id=rid)
             return self.auth_rejected(error, now_ms)
         request = auth_request(frame, auth, peer=self.peer, version=self.version, now_ms=now_ms)
-        return [Authenticate(request, renewal=online)]
+        return [Authenticate(request, renewal=online, cursor=auth.mailbox_cursor)]

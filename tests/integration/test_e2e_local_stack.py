@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
+import urllib.request
 
 import pytest
 
 from qim.client import QimClient
 from qim.client.heartbeat import HeartbeatConfig
+from qim.devstack import procs
 from qim.devstack.stack import ROOT, Stack
 
 pytestmark = pytest.mark.integration
@@ -26,10 +29,27 @@ def issue_token(stack: Stack, tenant: str, user: str, device: str) -> str:
     return result.stdout.strip()
 
 
+def mailbox_serving(stack: Stack, shards: int) -> bool:
+    """The stack's MailboxNode owns and serves every shard (login sync needs it)."""
+    mailbox = next(w for w in stack.cfg.workers if w.module == "qim.apps.mailbox")
+    try:
+        url = f"http://127.0.0.1:{mailbox.web_port}/mailbox"
+        with urllib.request.urlopen(url, timeout=2) as resp:
+            return len(json.loads(resp.read()).get("serving", ())) == shards
+    except (OSError, ValueError):
+        return False
+
+
 async def test_sdk_logs_in_through_the_stacks_gateway(stack: Stack) -> None:
     gw = stack.cfg.gateways[0]
+    mailbox = next(w for w in stack.cfg.workers if w.module == "qim.apps.mailbox")
+    stack.start_worker(mailbox)
     stack.start_gateway(gw)
     try:
+        shards = stack.cfg.partition_counts["mailbox_shard_count"]
+        procs.wait_until(
+            lambda: mailbox_serving(stack, shards), timeout_s=120, what="mailbox shards served"
+        )
         token = issue_token(stack, "demo", "alice", "phone")
         async with QimClient(heartbeat=HeartbeatConfig(enabled=False)) as client:
             ok = await client.connect(gw.url, token, "phone")
@@ -44,4 +64,5 @@ async def test_sdk_logs_in_through_the_stacks_gateway(stack: Stack) -> None:
         assert stack.status()["gateways"][gw.name]["listening"] is True
     finally:
         stack.stop_gateway(gw)
+        stack.stop_worker(mailbox)
     assert stack.status()["gateways"][gw.name]["running"] is False

@@ -70,6 +70,8 @@ def start_gateway(stack: Stack, workdir: Path, name: str, group: str, keys: str)
         "QIM_SHARD_LEASE_TTL": str(LEASE_MS),
         "QIM_WRITER_SELF_FENCE_DEADLINE": str(LEASE_MS * 4 // 5),
         "QIM_WRITER_LEASE_RENEW_INTERVAL": str(LEASE_MS // 3),
+        # This test is about shard ownership: no MailboxNode runs, so no login sync.
+        "QIM_MAILBOX_SYNC": "0",
         # Every test client comes from 127.0.0.1: lift the per-IP admission rate (20/s).
         "QIM_PER_IP_CONNECT_RATE": '{"count": 10000, "period_ms": 1000}',
     }
