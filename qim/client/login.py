@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import dataclass, replace
 from typing import Final
 
@@ -45,7 +45,15 @@ import msgspec
 from qim.client.client import DEFAULT_CLIENT_VERSION, QimClient
 from qim.client.errors import QimError
 from qim.client.sync import DeviceCursor, MailboxSync, SyncProtocolError
-from qim.schemas.frames import AuthOk, Error, ErrorCode, MailboxBatch, PullMailbox, SyncEntry
+from qim.schemas.frames import (
+    AuthOk,
+    Error,
+    ErrorCode,
+    MailboxBatch,
+    PullMailbox,
+    PushEvents,
+    SyncEntry,
+)
 
 __all__ = ["SyncResult", "login_and_sync"]
 
@@ -72,6 +80,19 @@ class SyncResult:
     cursor: DeviceCursor
     sync: MailboxSync  # keeps deduplicating pushes, decides fallback pulls (§6.10.1)
     attempts: int = 1
+
+    def on_push(self, push: PushEvents, now_ms: int | None = None) -> list[SyncEntry]:
+        """A PUSH_EVENTS frame's entries not seen before, by ``(message_id, event_id)``
+        (11.1.1: a push may repeat a pulled entry or an earlier push)."""
+        return self.sync.on_push(push, _wall_ms() if now_ms is None else now_ms)
+
+    async def pushed(self) -> AsyncIterator[SyncEntry]:
+        """Deduplicated pushed entries from ``client.events()``; other frames are skipped.
+        Ends when the connection closes."""
+        async for frame in self.client.events():
+            if isinstance(frame.body, PushEvents):
+                for entry in self.on_push(frame.body):
+                    yield entry
 
     @property
     def rebuild_required(self) -> bool:

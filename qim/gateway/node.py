@@ -101,6 +101,7 @@ class ConnectionNode:
                 clock_ms=clock_ms, producer=request_producer,
             )  # fmt: skip
             self.logins.mailbox = self.router.mailbox  # login sync (``mailbox_sync``)
+            self.router.connections = self.connections  # PushBatch expansion
         if frame_handler is None and self.router is not None:
             frame_handler = self.router.handle
         self.frame_handler = frame_handler

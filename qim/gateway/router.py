@@ -20,6 +20,14 @@ With ``mailbox_sync`` the same forwarder and reader also carry login sync
 (:class:`~qim.gateway.mailbox_requests.MailboxRequests`): PULL_MAILBOX goes to
 ``qim.user-requests`` at the user's MailboxShard, and ``kind="mailbox_reply"`` records of the
 to-gateway topic go to it instead of being counted as an unknown kind.
+
+``kind="push_batch"`` records (the MailboxNode's PushBatch, spec 11.1) are expanded against
+this node's live connections (:func:`~qim.core.push.expand_batch`, keyed by ``conn_id``, the
+``connection_id`` the presence entry carries); each delivery goes to that connection's
+:meth:`Session.push <qim.gateway.session.Session.push>`. Each PRESENCE_STALE is produced,
+fire-and-forget, to ``qim.user-requests`` at the batch's MailboxShard (only with
+``mailbox_sync``, which makes that topic one of the forwarder's; a lost report costs nothing
+durable, 5.4.3).
 """
 
 from __future__ import annotations
@@ -27,21 +35,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+import msgspec
 from prometheus_client import CollectorRegistry
 
+from qim.core.push import expand_batch
 from qim.gateway.actions import Send
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
 from qim.gateway.logins import jittered
 from qim.gateway.mailbox_requests import MailboxRequests
+from qim.gateway.ports import AuthGrant
 from qim.gateway.replies import ReplyVerdict, reply_send, resolve_reply
 from qim.gateway.routing import Routed, request_kind, route_frame
 from qim.gateway.routing_metrics import RoutingMetrics
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, for_code
+from qim.schemas.records.push import (
+    PresenceStale,
+    PushBatch,
+    decode_to_gateway,
+    encode_push_record,
+)
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig
@@ -64,6 +81,45 @@ class ReplySource(Protocol):
     """Batches of the to-gateway records of the owned shards (``ShardOwnership.records``)."""
 
     def records(self) -> AsyncIterator[Sequence[_Record]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _StaleRecord:
+    """A PresenceStale as the forwarder's ``Outgoing``."""
+
+    stale: PresenceStale
+
+    @property
+    def key(self) -> bytes:
+        return self.stale.key
+
+    @property
+    def value(self) -> bytes:
+        return encode_push_record(self.stale)
+
+    @property
+    def partition(self) -> int:
+        return self.stale.partition
+
+
+class _LiveGrants(Mapping[str, AuthGrant]):
+    """The node's authenticated, open connections by ``conn_id``, as expansion reads them."""
+
+    def __init__(self, connections: Mapping[str, Connection]) -> None:
+        self._connections = connections
+
+    def __getitem__(self, conn_id: str) -> AuthGrant:
+        conn = self._connections[conn_id]
+        grant = conn.session.grant
+        if grant is None or conn.closing or conn.session.closed:
+            raise KeyError(conn_id)
+        return grant
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._connections)
+
+    def __len__(self) -> int:
+        return len(self._connections)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +153,7 @@ class ConversationRouter:
         self._pending: dict[_PendingKey, _Pending] = {}
         self._pump: asyncio.Task[None] | None = None
         self.mailbox: MailboxRequests | None = None  # login sync, when the node has it on
+        self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
         self.metrics = RoutingMetrics(
             metrics_registry,
             clock_ms=clock_ms,
@@ -202,6 +259,10 @@ class ConversationRouter:
             verdict = self.mailbox.deliver(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
             return verdict
+        if value and resolved.kind == "push_batch":
+            verdict = self.push(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
         self.metrics.records.labels(kind=resolved.kind, result=resolved.verdict.value).inc()
         reply = resolved.reply
         if reply is None:
@@ -217,6 +278,34 @@ class ConversationRouter:
         error = None if reply.error is None else for_code(reply.error.code).name
         self.metrics.on_reply(kind, latency, ack=reply.send_ack is not None, error=error)
         return resolved.verdict
+
+    def push(self, value: bytes) -> ReplyVerdict:
+        """Expand one PushBatch onto the live connections (11.1.1); report the stale ones."""
+        try:
+            batch = decode_to_gateway(value)
+        except (msgspec.DecodeError, ValueError):
+            return ReplyVerdict.MALFORMED
+        if not isinstance(batch, PushBatch):
+            return ReplyVerdict.MALFORMED
+        expansion = expand_batch(batch, _LiveGrants(self.connections))
+        now = self._clock_ms()
+        for delivery in expansion.deliveries:
+            conn = self.connections[delivery.connection_id]
+            conn.apply(conn.session.push(delivery.pending, now))
+        for stale in expansion.stale:
+            self._report_stale(stale)
+        return ReplyVerdict.DELIVER if expansion.deliveries else ReplyVerdict.NO_SESSION
+
+    def _report_stale(self, stale: PresenceStale) -> None:
+        mailbox = self.mailbox
+        if mailbox is None:  # user-requests is not a topic of this forwarder
+            return
+
+        def produced(exc: BaseException | None) -> None:
+            if exc is not None:
+                log.debug("PRESENCE_STALE for %s not produced: %r", stale.user_id, exc)
+
+        self.forwarder.submit(_StaleRecord(stale), produced, topic=mailbox.topic)
 
     async def _read(self, source: ReplySource) -> None:
         """Deliver every record; a failure of ours is logged and the stream goes on."""

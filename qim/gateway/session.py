@@ -21,16 +21,31 @@ Rules and where they come from:
   the last valid inbound frame (§15.1.5: any valid frame refreshes last_active_at, lazily);
 * login sync (when the node asks the MailboxNode at AUTH): AUTH_OK carries its sync fields and
   starts the session's :class:`~qim.gateway.sync_barrier.LoginBarrier`, which answers
-  SYNC_COMPLETE itself (§9.3.4); without it SYNC_COMPLETE is forwarded like any frame.
+  SYNC_COMPLETE itself (§9.3.4); without it SYNC_COMPLETE is forwarded like any frame;
+* online pushes (§9.4, §11.1.1): AUTH_OK creates the session's
+  :class:`~qim.core.push.ConnectionPush` at ``sync_to_seq``; :meth:`Session.push` feeds it one
+  expanded delivery. Its WritePush becomes PUSH_EVENTS on stream 1, SignalDirty one
+  ERROR{MAILBOX_DIRTY}, CloseConnection a SLOW_CONSUMER close. Pushes above ``sync_to_seq`` wait
+  for ONLINE_READY (the sync barrier's release calls ``ConnectionPush.sync_complete``); a
+  session without login sync is released at AUTH_OK. PONG reports ``ConnectionPush.pong()``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 
+from qim.core.push import (
+    BarrierState,
+    CloseConnection,
+    ConnectionPush,
+    IllegalTransition,
+    PendingPush,
+    PushAction,
+    SignalDirty,
+)
 from qim.gateway.actions import Action, Authenticate, Close, CloseReason, Count, Forward, Send
 from qim.gateway.login import auth_request, check_credentials, upgrade_required
 from qim.gateway.ports import AuthGrant
@@ -52,8 +67,10 @@ from qim.schemas.frames import (
     Ping,
     Pong,
     ProtocolError,
+    PushEvents,
     Redirect,
     Role,
+    Stream,
     SyncComplete,
     UnknownFrame,
     negotiate_version,
@@ -61,6 +78,9 @@ from qim.schemas.frames import (
 from qim.schemas.records.user_requests import AuthSyncResult
 
 __all__ = ["Session", "SessionConfig"]
+
+_ONLINE: Final = (ConnState.ONLINE, ConnState.RENEWING)
+_PUSH_EVENTS: Final = msgspec.msgpack.Decoder(PushEvents)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +110,7 @@ class Session:
         self.last_pushed_user_seq = 0  # starts at AUTH_OK.sync_to_seq (§15.1.1)
         self.mailbox_dirty = False
         self.sync: LoginBarrier | None = None  # set at AUTH_OK when the login was synced
+        self.pushes: ConnectionPush | None = None  # set at AUTH_OK (online delivery)
         self.close_reason: CloseReason | None = None
         self._machine = ConnStateMachine()
         self._decoder = FrameDecoder(Role.SERVER, limits=config.limits)
@@ -183,7 +204,8 @@ class Session:
             return self._denied("frame before AUTH_OK", frame.header.request_id)
         self.last_active_ms = now_ms
         if self.sync is not None and isinstance(body, SyncComplete):
-            return self.sync.complete(frame.header.request_id, body, self.version)
+            actions = self.sync.complete(frame.header.request_id, body, self.version)
+            return actions + self._release_pushes()
         return [Forward(frame)]
 
     # -- node decisions in -----------------------------------------------------------------
@@ -209,6 +231,9 @@ class Session:
             if sync is not None:
                 self.sync, self.lane_id = LoginBarrier(sync), sync.lane_id
                 self.last_pushed_user_seq = sync.sync_to_seq
+            self.pushes = ConnectionPush(self.last_pushed_user_seq)
+            if self.sync is None:  # nothing to sync: realtime pushes flow at once
+                self.pushes.sync_complete()
         self.last_active_ms = now_ms
         current = self.grant
         assert current is not None
@@ -273,7 +298,45 @@ class Session:
             return []
         return self._close(reason, detail)
 
+    def push(self, pending: PendingPush, now_ms: int) -> list[Action]:
+        """One message's events for this connection (an expanded PushBatch delivery)."""
+        pushes = self.pushes
+        if pushes is None or self.closed or self._machine.state not in _ONLINE:
+            return []
+        try:
+            return self._push_actions(pushes.offer(pending), now_ms)
+        except IllegalTransition:  # the push state already closed
+            return []
+
     # -- internals ----------------------------------------------------------------------------
+
+    def _release_pushes(self) -> list[Action]:
+        """After ONLINE_READY went out: the pushes queued behind the barrier, in order."""
+        pushes = self.pushes
+        if pushes is None or self.sync is None or not self.sync.released:
+            return []
+        if pushes.barrier.state is not BarrierState.SYNCING:  # a repeated SYNC_COMPLETE
+            return []
+        return self._push_actions(pushes.sync_complete(), self.last_active_ms)
+
+    def _push_actions(self, pushed: list[PushAction], now_ms: int) -> list[Action]:
+        pushes = self.pushes
+        assert pushes is not None
+        actions: list[Action] = []
+        for action in pushed:
+            if isinstance(action, SignalDirty):
+                actions.append(Send(action.error, version=self.version))
+            elif isinstance(action, CloseConnection):
+                actions += self.shutdown(CloseReason.SLOW_CONSUMER, now_ms, action.reason)
+            else:
+                self.last_pushed_user_seq = max(self.last_pushed_user_seq, action.mailbox_seq)
+                body = _PUSH_EVENTS.decode(action.body)
+                actions.append(Send(body, stream=Stream.REALTIME, version=self.version))
+                # The socket's OutboundQueue is the send buffer that is actually bounded
+                # (conn hard watermark -> SLOW_CONSUMER): the frame leaves this ledger now.
+                actions += self._push_actions(pushes.drained(action.ledger_bytes, 1), now_ms)
+        self.mailbox_dirty = pushes.mailbox_dirty
+        return actions
 
     def _fire(self, event: Event) -> ConnState:
         return self._machine.fire(event)
@@ -335,12 +398,16 @@ class Session:
         if self.closed:
             return self._denied("first frame must be AUTH", frame.header.request_id)
         self.last_active_ms = now_ms
+        last_pushed, dirty = self.last_pushed_user_seq, self.mailbox_dirty
+        if self.pushes is not None:
+            last_pushed, dirty = self.pushes.pong()
+            self.mailbox_dirty = False
         pong = Pong(
             ping_id=ping.ping_id,
             server_time=now_ms,
             echo_client_time=ping.client_time,
-            last_pushed_user_seq=self.last_pushed_user_seq,
-            mailbox_dirty=self.mailbox_dirty,
+            last_pushed_user_seq=last_pushed,
+            mailbox_dirty=dirty,
             next_ping_interval_ms=self.config.next_ping_interval_ms,
             idle_timeout_ms=self.config.idle_timeout_ms,
         )

@@ -298,4 +298,5 @@ async def test_replay_of_the_dispatch_partition_is_byte_identical_to_the_live_st
     # Other tests' transactions leave commit markers in the same partition: markers take
     # offsets but are not records, so the offsets bound the count from above.
     assert 0 < report.records_read <= report.applied_offset - report.log_start + 1
-    assert seen and seen[-1][0] == seen[-1][1] == report.records_read
+    # Progress counts records read against the offset span (markers included).
+    assert seen and seen[-1][0] == report.records_read <= seen[-1][1]

@@ -39,7 +39,6 @@ from qim.schemas.frames import (
     Redirect,
     SyncComplete,
 )
-from qim.schemas.records.push import PushBatch, encode_push_record
 from qim.schemas.records.user_requests import (
     MailboxReply,
     PullMailboxRequest,
@@ -245,25 +244,15 @@ async def test_replies_of_other_sessions_are_dropped_and_other_kinds_counted() -
         assert deliver(session_epoch=ok.session_epoch - 1) is ReplyVerdict.STALE_EPOCH
         assert deliver(device_id="tablet") is ReplyVerdict.NO_SESSION
         assert deliver(correlation_id="auth:gw-sync:x:1") is ReplyVerdict.NO_SESSION
-        push = PushBatch(
-            tenant_id=TENANT,
-            connection_shard=0,
-            mailbox_shard=0,
-            message_id=b"\x00" * 16,
-            conversation_id="g:a",
-            conversation_seq=1,
-            last_activity_id=b"\x00" * 16,
-            sender_id="x",
-            created_at=1,
-        )
-        assert h.router.deliver(encode_push_record(push)) is ReplyVerdict.UNKNOWN_KIND
+        other = msgspec.msgpack.encode({"kind": "room_batch", "tenant_id": TENANT})
+        assert h.router.deliver(other) is ReplyVerdict.UNKNOWN_KIND
         broken = msgspec.msgpack.encode({"kind": "mailbox_reply", "tenant_id": 7})
         assert h.router.deliver(broken) is ReplyVerdict.MALFORMED
         assert deliver() is ReplyVerdict.DELIVER
         assert await client.expect(MailboxBatch) == MailboxBatch(covered_through_seq=0)
         labels = {"kind": "mailbox_reply", "result": "stale_session_epoch"}
         assert h.sample("qim_gateway_to_gateway_records_total", **labels) == 1
-        push_labels = {"kind": "push_batch", "result": "unknown_kind"}
+        push_labels = {"kind": "room_batch", "result": "unknown_kind"}
         assert h.sample("qim_gateway_to_gateway_records_total", **push_labels) == 1
         await client.close()
 

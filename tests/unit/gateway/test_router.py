@@ -300,9 +300,13 @@ async def test_unknown_record_kinds_are_counted_and_the_stream_goes_on() -> None
     import msgspec
 
     async with harness() as h:
-        push = msgspec.msgpack.encode({"kind": "push_batch", "events": []})
-        assert h.router.deliver(push) is ReplyVerdict.UNKNOWN_KIND
+        other = msgspec.msgpack.encode({"kind": "room_batch", "events": []})
+        assert h.router.deliver(other) is ReplyVerdict.UNKNOWN_KIND
         assert h.router.deliver(b"garbage") is ReplyVerdict.MALFORMED
         assert h.router.deliver(None) is ReplyVerdict.MALFORMED
-        labels = {"kind": "push_batch", "result": "unknown_kind"}
+        broken_push = msgspec.msgpack.encode({"kind": "push_batch", "events": []})
+        assert h.router.deliver(broken_push) is ReplyVerdict.MALFORMED
+        labels = {"kind": "room_batch", "result": "unknown_kind"}
+        assert sample(h.node, "qim_gateway_to_gateway_records_total", **labels) == 1
+        labels = {"kind": "push_batch", "result": "malformed"}
         assert sample(h.node, "qim_gateway_to_gateway_records_total", **labels) == 1
