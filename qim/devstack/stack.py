@@ -267,25 +267,12 @@ class Stack:
         """A ConnectionNode with the real AuthService (Redis) and shard ownership (Kafka)."""
         gdir = self._gateway_dir(g)
         pid_file, log_file = gdir / "gateway.pid", gdir / "gateway.log"
-        pid = procs.read_pid(pid_file)
-        if pid is None:
-            argv = [
-                sys.executable, "-m", "qim.cli", "gateway", "--node-id", g.name,
-                "--ws-port", str(g.ws_port), "--metrics-port", str(g.metrics_port),
-                "--advertise", g.url,
-            ]  # fmt: skip
-            env = {**os.environ, **self.cfg.env()}
-            pid = procs.spawn(argv, pid_file=pid_file, log_file=log_file, cwd=ROOT, env=env)
-        started = pid
-        try:
-            procs.wait_until(
-                lambda: procs.port_open("127.0.0.1", g.ws_port),
-                timeout_s=timeout_s,
-                what=f"{g.name} listening",
-                alive=lambda: procs.pid_alive(started),
-            )
-        except (TimeoutError, RuntimeError) as exc:
-            raise RuntimeError(f"{exc}\n{procs.tail(log_file, 60)}") from exc
+        argv = [
+            "gateway", "--node-id", g.name,
+            "--ws-port", str(g.ws_port), "--metrics-port", str(g.metrics_port),
+            "--advertise", g.url,
+        ]  # fmt: skip
+        self._run_listener(g.name, argv, pid_file, log_file, g.ws_port, timeout_s)
 
     def stop_gateway(self, g: GatewaySpec) -> bool:
         return procs.stop_pid(self._gateway_dir(g) / "gateway.pid", timeout_s=30.0)
@@ -296,20 +283,30 @@ class Stack:
     def start_admin(self, a: AdminSpec, *, timeout_s: float = 60.0) -> None:
         adir = self._admin_dir(a)
         pid_file, log_file = adir / "admin.pid", adir / "admin.log"
+        argv = ["admin", "serve", "--port", str(a.port), "--node-id", a.name]
+        self._run_listener(a.name, argv, pid_file, log_file, a.port, timeout_s)
+
+    def _run_listener(
+        self,
+        name: str,
+        qim_args: list[str],
+        pid_file: Path,
+        log_file: Path,
+        port: int,
+        timeout_s: float,
+    ) -> None:
+        """Start `qim <qim_args>` unless its pid file names a live process; wait for its port."""
         pid = procs.read_pid(pid_file)
         if pid is None:
-            argv = [
-                sys.executable, "-m", "qim.cli", "admin", "serve",
-                "--port", str(a.port), "--node-id", a.name,
-            ]  # fmt: skip
+            argv = [sys.executable, "-m", "qim.cli", *qim_args]
             env = {**os.environ, **self.cfg.env()}
             pid = procs.spawn(argv, pid_file=pid_file, log_file=log_file, cwd=ROOT, env=env)
         started = pid
         try:
             procs.wait_until(
-                lambda: procs.port_open("127.0.0.1", a.port),
+                lambda: procs.port_open("127.0.0.1", port),
                 timeout_s=timeout_s,
-                what=f"{a.name} listening",
+                what=f"{name} listening",
                 alive=lambda: procs.pid_alive(started),
             )
         except (TimeoutError, RuntimeError) as exc:

@@ -25,6 +25,7 @@ from typing import Any, Final
 import rocksdict
 
 from qim.core.mailbox import Op
+from qim.tables.rocks import prefix_scan
 
 __all__ = ["DEFAULT_CAPS", "MailboxStore"]
 
@@ -90,23 +91,7 @@ class MailboxStore:
 
     def scan(self, prefix: bytes, start_key: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
         """Pairs under ``prefix`` from ``start_key`` (inclusive), lazily (``ports.KVReader``)."""
-        it = self._db.iter()
-        try:
-            if reverse:
-                it.seek_for_prev(start_key)
-            else:
-                it.seek(max(start_key, prefix))
-            while it.valid():
-                key: bytes = it.key()
-                if not key.startswith(prefix):
-                    return
-                yield key, it.value()
-                if reverse:
-                    it.prev()
-                else:
-                    it.next()
-        finally:
-            del it  # an open iterator pins the database: close() could not release its lock
+        yield from prefix_scan(self._db, prefix, start_key, reverse)
 
     # -- writes --------------------------------------------------------------------------------
 

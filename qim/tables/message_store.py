@@ -31,6 +31,7 @@ import rocksdict
 
 from qim.core.history import ArchiveWrite
 from qim.schemas.hashing import validate_identifier
+from qim.tables.rocks import prefix_scan
 
 __all__ = ["NO_OFFSET", "MessageStore", "participants_key"]
 
@@ -97,23 +98,7 @@ class MessageStore:
         self, prefix: bytes, start_key: bytes, reverse: bool
     ) -> Generator[tuple[bytes, bytes], None, None]:
         """The history core's scan contract (``qim.core.history.store``), lazily."""
-        it = self._db.iter()
-        try:
-            if reverse:
-                it.seek_for_prev(start_key)
-            else:
-                it.seek(max(start_key, prefix))
-            while it.valid():
-                key: bytes = it.key()
-                if not key.startswith(prefix):
-                    return
-                yield key, it.value()
-                if reverse:
-                    it.prev()
-                else:
-                    it.next()
-        finally:
-            del it  # an open iterator pins the database: close() could not release its lock
+        yield from prefix_scan(self._db, prefix, start_key, reverse)
 
     def put(self, key: bytes, value: bytes) -> None:
         self._db[key] = value
