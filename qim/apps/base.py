@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import faust
 from faust.web import Request, Response, View
@@ -18,6 +18,7 @@ from faust.web import Request, Response, View
 from qim.params import Settings
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
+S = TypeVar("S")
 
 # RocksDB's default block cache is 2 GiB per partition DB; a 64-partition table would claim the
 # whole machine. These caps are per partition DB (faust opens one DB per table partition).
@@ -93,6 +94,25 @@ def health_of(app: faust.App) -> dict[str, Any]:
         "recovery_complete": recovery_done,
         "assigned_partitions": len(assigned),
     }
+
+
+class RunningService(Generic[S]):
+    """The one long-running service of a worker process, once Faust has started it."""
+
+    def __init__(self) -> None:
+        self.service: S | None = None
+
+
+def install_status_page(app: faust.App, path: str, running: RunningService[Any]) -> None:
+    """A JSON status page for a service: 503 until it started, then its ``status()``."""
+
+    async def status_page(web: View, request: Request) -> Response:
+        service = running.service
+        if service is None:
+            return web.json({"started": False}, status=503)
+        return web.json({"started": True, **service.status()})
+
+    app.page(path, name=f"status{path.replace('/', '_')}")(status_page)
 
 
 def install_health(app: faust.App) -> None:

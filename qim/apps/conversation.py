@@ -18,22 +18,23 @@ import os
 from pathlib import Path
 from typing import Any
 
-from faust.web import Request, Response, View
-
 from qim.agents.conversation_writer import ConversationWriterService
 from qim.agents.fanout_coordinator import register as register_fanout
 from qim.agents.writer_options import WriterOptions
-from qim.apps.base import ROCKSDB_OPTIONS, kafka_bootstrap, make_app
+from qim.apps.base import (
+    ROCKSDB_OPTIONS,
+    RunningService,
+    install_status_page,
+    kafka_bootstrap,
+    make_app,
+)
 from qim.params import Settings
 
 app = make_app("qim-conversation")
 register_fanout(app)
 
 
-class _Running:
-    """The one writer service of this process, once Faust has started it."""
-
-    service: ConversationWriterService | None = None
+_running: RunningService[ConversationWriterService] = RunningService()
 
 
 @app.service
@@ -49,12 +50,7 @@ class ConversationWriter(ConversationWriterService):
             store_caps=ROCKSDB_OPTIONS,
         )
         super().__init__(options, **kwargs)
-        _Running.service = self
+        _running.service = self
 
 
-@app.page("/writer")
-async def writer_status(web: View, request: Request) -> Response:
-    service = _Running.service
-    if service is None:
-        return web.json({"started": False}, status=503)
-    return web.json({"started": True, **service.status()})
+install_status_page(app, "/writer", _running)

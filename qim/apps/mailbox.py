@@ -21,16 +21,19 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from qim.agents.mailbox_node import MailboxNodeService
 from qim.agents.mailbox_options import MailboxOptions
-from qim.apps.base import ROCKSDB_OPTIONS, kafka_bootstrap, make_app
+from qim.apps.base import (
+    ROCKSDB_OPTIONS,
+    RunningService,
+    install_status_page,
+    kafka_bootstrap,
+    make_app,
+)
 from qim.params import Settings
 
 app = make_app("qim-mailbox")
 
 
-class _Running:
-    """The one MailboxNode service of this process, once Faust has started it."""
-
-    service: MailboxNodeService | None = None
+_running: RunningService[MailboxNodeService] = RunningService()
 
 
 @app.service
@@ -46,20 +49,15 @@ class MailboxNode(MailboxNodeService):
             store_caps=ROCKSDB_OPTIONS,
         )
         super().__init__(options, **kwargs)
-        _Running.service = self
+        _running.service = self
 
 
-@app.page("/mailbox")
-async def mailbox_status(web: View, request: Request) -> Response:
-    service = _Running.service
-    if service is None:
-        return web.json({"started": False}, status=503)
-    return web.json({"started": True, **service.status()})
+install_status_page(app, "/mailbox", _running)
 
 
 @app.page("/mailbox/metrics")
 async def mailbox_metrics(web: View, request: Request) -> Response:
-    service = _Running.service
+    service = _running.service
     if service is None:
         return web.text("", status=503)
     body = generate_latest(service.registry).decode()
