@@ -19,9 +19,7 @@ What a checkpoint gives and what it does not (:func:`seed_state`):
   The stamp of a seeded current version is that same maximum; it only matters if that
   version's CONTROL record is dispatched again, and it never is after the seed.
 
-``FanoutState`` has no constructor for this, so the state is built through its public
-``decode`` from bytes in its ``encode`` layout (mirrored below and pinned by a unit test). A
-``FanoutState.seeded(...)`` in the core would remove the mirror.
+The state is built with ``FanoutState.seeded`` from exactly those two facts.
 
 :func:`complete_checkpoints` assembles whole checkpoints from a window of chunk records: unlike
 ``writer_snapshot.latest_checkpoint`` it keeps every complete one, because recovery needs the
@@ -36,34 +34,15 @@ import msgspec
 
 from qim.agents.writer_snapshot import CHECKPOINT_FORMAT, Checkpoint, CheckpointChunk
 from qim.core.conversation import decode_snapshot as decode_writer_snapshot
-from qim.core.fanout import FanoutConfig, FanoutState
+from qim.core.fanout import FanoutConfig, FanoutState, VersionInfo
 from qim.core.membership import GroupMembership
 from qim.core.membership.snapshot import decode_snapshot as decode_membership_snapshot
-from qim.schemas.frames.base import U32, U64, U128_ZERO
+from qim.schemas.frames.base import U128_ZERO
 
 __all__ = ["complete_checkpoints", "seed_state"]
 
 _CHUNK = msgspec.msgpack.Decoder(CheckpointChunk)
 _CHECKPOINT = msgspec.msgpack.Decoder(Checkpoint)
-_ENCODER = msgspec.msgpack.Encoder()
-
-
-class _VersionRow(msgspec.Struct, array_like=True, frozen=True):
-    """``qim.core.fanout.state._Row``: one retained version of one group."""
-
-    tenant_id: str
-    group_id: str
-    version: U64
-    fencing_epoch: U64
-    shards: tuple[U32, ...]
-
-
-class _FanoutSnap(msgspec.Struct, array_like=True, frozen=True):
-    """``qim.core.fanout.state._StateSnap``: the layout ``FanoutState.decode`` reads."""
-
-    membership: bytes
-    versions: tuple[_VersionRow, ...] = ()
-    epochs: tuple[tuple[str, str, U64], ...] = ()
 
 
 def seed_state(checkpoint: Checkpoint, config: FanoutConfig) -> FanoutState:
@@ -75,8 +54,8 @@ def seed_state(checkpoint: Checkpoint, config: FanoutConfig) -> FanoutState:
     )
     heads = decode_writer_snapshot(checkpoint.writer).heads
     highest = {head.key: head.fencing_epoch for head in heads if head.last_message_id != U128_ZERO}
-    rows: list[_VersionRow] = []
-    epochs: list[tuple[str, str, int]] = []
+    current: list[tuple[tuple[str, str], int, VersionInfo]] = []
+    epochs: list[tuple[tuple[str, str], int]] = []
     for snap in decode_membership_snapshot(checkpoint.membership).groups:
         key = (snap.tenant_id, snap.group_id)
         group = membership.group(*key)
@@ -84,13 +63,9 @@ def seed_state(checkpoint: Checkpoint, config: FanoutConfig) -> FanoutState:
             continue
         epoch = highest.get(key)
         if epoch is not None:
-            epochs.append((*key, epoch))
-        shards = tuple(group.shards())
-        rows.append(_VersionRow(key[0], key[1], group.version, epoch or 0, shards))
-    rows.sort(key=lambda row: (row.tenant_id, row.group_id, row.version))
-    epochs.sort()
-    data = _ENCODER.encode(_FanoutSnap(checkpoint.membership, tuple(rows), tuple(epochs)))
-    return FanoutState.decode(data, config)
+            epochs.append((key, epoch))
+        current.append((key, group.version, VersionInfo(tuple(group.shards()), epoch or 0)))
+    return FanoutState.seeded(membership, current, epochs, config)
 
 
 def complete_checkpoints(values: Iterable[bytes], partition: int) -> list[Checkpoint]:

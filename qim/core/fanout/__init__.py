@@ -35,7 +35,13 @@ from qim.core.fanout.event_group import (
     split_event_groups,
 )
 from qim.core.fanout.recipients import Delivery, SliceMismatch, expand_dispatch, mention_type_of
-from qim.core.fanout.state import FanoutLogError, FanoutState, NotReady, NotReadyReason
+from qim.core.fanout.state import (
+    FanoutLogError,
+    FanoutState,
+    NotReady,
+    NotReadyReason,
+    VersionInfo,
+)
 
 __all__ = [
     "CHUNK_DISPATCH_ID_DOMAIN",
@@ -54,6 +60,7 @@ __all__ = [
     "NotReadyReason",
     "PlannedEntry",
     "SliceMismatch",
+    "VersionInfo",
     "audit_fanout",
     "check_event_group_caps",
     "chunk_dispatch_id",

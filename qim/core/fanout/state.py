@@ -254,6 +254,27 @@ class FanoutState:
         return _ENCODER.encode(snap)
 
     @classmethod
+    def seeded(
+        cls,
+        membership: GroupMembership,
+        current: Iterable[tuple[GroupKey, int, VersionInfo]],
+        epochs: Iterable[tuple[GroupKey, int]],
+        config: FanoutConfig | None = None,
+    ) -> FanoutState:
+        """A state that knows only each group's ``current`` version (a checkpoint's view).
+
+        Why: the fanout seeds itself from the writer's checkpoint, which holds the membership
+        and each group's highest fencing epoch but no older versions; records after the
+        checkpoint can only pin the current one.
+        """
+        state = cls(config)
+        state.membership = membership
+        for key, version, info in sorted(current, key=lambda item: (item[0], item[1])):
+            state._versions.record(key, version, info)
+        state._epochs = dict(sorted(epochs))
+        return state
+
+    @classmethod
     def decode(cls, data: bytes, config: FanoutConfig | None = None) -> FanoutState:
         """Inverse of :meth:`encode` under ``config`` (routing must be the encoding one's)."""
         config = config or FanoutConfig()

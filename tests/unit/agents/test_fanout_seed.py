@@ -75,7 +75,7 @@ def test_a_seed_knows_only_current_versions_so_older_pins_are_not_ready() -> Non
     assert isinstance(seeded.apply_outbox(message), NotReady)
 
 
-def test_seed_bytes_follow_the_fanout_state_layout() -> None:
+def test_seeded_state_round_trips_through_its_encoding() -> None:
     seeded = seed_state(checkpoint_of(_story(), 8), CONFIG)
     assert FanoutState.decode(seeded.encode(), CONFIG).encode() == seeded.encode()
     assert seeded.membership.encode() == checkpoint_of(_story(), 8).membership
