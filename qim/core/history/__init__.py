@@ -6,7 +6,6 @@ conversation app adapts RocksDB to them, tests use :class:`MemoryOrderedStore`.
 
 from qim.core.history.archiver import (
     ArchiveWrite,
-    CommittedMessage,
     archive_batch,
     control_message_record,
     message_record,
@@ -45,7 +44,6 @@ __all__ = [
     "FULL_INTERVAL",
     "MESSAGE_KEYSPACE",
     "ArchiveWrite",
-    "CommittedMessage",
     "DekId",
     "HistoryBounds",
     "HistoryLimits",

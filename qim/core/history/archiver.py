@@ -7,8 +7,7 @@ depends only on the record, so at-least-once redelivery converges. Applied in lo
 later recall/edit of a message (``mark_recalled`` / ``mark_edited``) always lands after the
 message's own write, so a replayed suffix converges to the same state too.
 
-Inputs: a committed message (any record with the fields of :class:`CommittedMessage`, e.g.
-``qim.schemas.records.outbox.MessageCommitted``) becomes its MessageRecord; a
+Inputs: a :class:`MessageCommitted` becomes its MessageRecord; a
 :class:`MembershipCommitted` with a seq becomes its CONTROL message (``custom_type =
 qim.membership.v1``, payload = the documented :class:`MembershipControl` map, sender = the
 actor), so members see joins and leaves in history. A create occupies no seq and writes nothing.
@@ -18,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Protocol
 
 from qim.core.history.keys import message_key
 from qim.core.history.records import MessageRecord, encode_message_record
@@ -30,51 +28,16 @@ from qim.schemas.records.membership import (
     control_of,
     encode_control,
 )
+from qim.schemas.records.outbox import MessageCommitted
 from qim.schemas.seqs import DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH, seq_bucket
 
 __all__ = [
     "ArchiveWrite",
-    "CommittedMessage",
     "archive_batch",
     "control_message_record",
     "message_record",
     "write_all",
 ]
-
-
-class CommittedMessage(Protocol):
-    """The fields of a committed message the archiver reads (read-only, so any type fits)."""
-
-    @property
-    def tenant_id(self) -> str: ...
-    @property
-    def conversation_id(self) -> str: ...
-    @property
-    def conversation_seq(self) -> int: ...
-    @property
-    def message_id(self) -> bytes: ...
-    @property
-    def last_activity_id(self) -> bytes: ...
-    @property
-    def sender_id(self) -> str: ...
-    @property
-    def origin_device_id(self) -> str: ...
-    @property
-    def client_message_id(self) -> str: ...
-    @property
-    def message_type(self) -> int: ...
-    @property
-    def custom_type(self) -> str: ...
-    @property
-    def payload(self) -> bytes: ...
-    @property
-    def mention_targets(self) -> tuple[str, ...]: ...
-    @property
-    def reply_to_conversation_seq(self) -> int | None: ...
-    @property
-    def committed_at(self) -> int: ...
-    @property
-    def retention_class(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +49,7 @@ class ArchiveWrite:
 
 
 def message_record(
-    msg: CommittedMessage, *, bucket_width: int = DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH
+    msg: MessageCommitted, *, bucket_width: int = DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH
 ) -> MessageRecord:
     """The MessageRecord of a committed message; ``created_at`` is its ``committed_at``."""
     return MessageRecord(
@@ -131,7 +94,7 @@ def control_message_record(
 
 
 def archive_batch(
-    records: Iterable[CommittedMessage | MembershipCommitted],
+    records: Iterable[MessageCommitted | MembershipCommitted],
     *,
     bucket_width: int = DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH,
 ) -> list[ArchiveWrite]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from qim.core.history import (
-    CommittedMessage,
     MemoryOrderedStore,
     VisibleInterval,
     archive_batch,
@@ -29,8 +28,7 @@ from tests.unit.membership.support import Harness
 
 def test_7_1_committed_message_becomes_its_message_record() -> None:
     msg = committed(10_000, payload=b"body")
-    as_protocol: CommittedMessage = msg  # the outbox record satisfies the archiver's Protocol
-    record = message_record(as_protocol)
+    record = message_record(msg)
     assert record.seq_bucket == seq_bucket(10_000) == 2  # spec 7.1 example: 10000 -> bucket 2
     assert (record.message_id, record.last_activity_id) == (msg.message_id, msg.last_activity_id)
     assert record.created_at == msg.committed_at  # never the archiver's clock
