@@ -45,8 +45,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from qim.agents.fanout_options import FanoutOptions
 from qim.agents.fanout_partition import PartitionFanout
 from qim.agents.fanout_seed import complete_checkpoints, seed_state
+from qim.agents.writer_restore import check_bound
 from qim.agents.writer_snapshot import Checkpoint
 from qim.core.fanout import FanoutState
+from qim.streams.identity import fetch_log_identity
 
 __all__ = ["LogReader", "Recovered", "recover_partition"]
 
@@ -192,6 +194,10 @@ async def recover_partition(
             replayed = await _replay(reader, outbox, dormant, k)
             return Recovered(dormant, k, "dormant", None, replayed)
     newest, oldest = await find_checkpoints(reader, snapshots, k)
+    if newest is not None or oldest is not None:
+        live = await fetch_log_identity(options.bootstrap, options.outbox_topic)
+        check_bound(newest, live, snapshots)  # 17.2: fail closed on another log's checkpoint
+        check_bound(oldest, live, snapshots)
     if newest is not None:
         if newest.outbox_offset + 1 < begin:
             log.warning("%s: outbox starts after checkpoint %d + 1", outbox, newest.outbox_offset)

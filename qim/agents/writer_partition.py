@@ -28,6 +28,7 @@ from qim.core.conversation import ApplyOutcome, ConversationWriterState, WriterC
 from qim.core.history import archive_batch
 from qim.core.membership import GroupMembership, member_slices
 from qim.schemas.ids import hlc_ms_to_unix_ms
+from qim.schemas.log_identity import LogIdentity
 from qim.schemas.records import (
     DIRECT,
     AdminReply,
@@ -87,6 +88,8 @@ class PartitionWriter:
         self.closed = False
         self.checkpoint_offset: int | None = None
         """The offset of the checkpoint this state was restored from (None: none)."""
+        self.outbox_identity: LogIdentity | None = None
+        """The outbox's identity, set by restore; written into every checkpoint (17.2)."""
         self.debt = 0
         """Records applied since the newest checkpoint: what a takeover would replay."""
         self._pending: list[tuple[OutboxRecord, int]] = []
@@ -222,6 +225,7 @@ class PartitionWriter:
             fencing_epoch=self.state.fencing_epoch,
             writer=self.state.snapshot(),
             membership=self.membership.encode(),
+            outbox_identity=self.outbox_identity,
         )
 
     def close(self) -> None:

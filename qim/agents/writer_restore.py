@@ -16,6 +16,11 @@ The order is the point (direction.md 4.6, spec 19.2.3):
    first id is assigned.
 4. **Raise the fencing epoch** above every epoch in the log (``PartitionWriter.take_over``).
 
+Every checkpoint is bound to the outbox's identity (cluster id, topic id, partition count; spec
+17.2): a checkpoint of another log -- a recreated outbox, another cluster, or one written before
+the binding existed -- is refused with :class:`LogIdentityMismatch` and the partition is not
+served (fail closed; the service retries and logs why).
+
 A MessageStore that claims more of the outbox than the log holds (a re-created topic) is wiped
 and rebuilt; a store that is behind (a crash before its write, a wiped datadir) catches up in
 step 3. A partition kept from the previous assignment ("dormant") skips step 2 and replays only
@@ -36,10 +41,12 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from qim.agents.writer_partition import PartitionWriter
 from qim.agents.writer_snapshot import Checkpoint, latest_checkpoint
 from qim.core.conversation import WriterConfig
+from qim.schemas.log_identity import LogIdentity, LogIdentityMismatch, identity_mismatch
 from qim.schemas.records import decode_outbox_record
+from qim.streams.identity import fetch_log_identity
 from qim.tables.message_store import MessageStore
 
-__all__ = ["RestoreResult", "fenced_producer", "restore_partition"]
+__all__ = ["RestoreResult", "check_bound", "fenced_producer", "restore_partition"]
 
 log = logging.getLogger(__name__)
 
@@ -142,6 +149,18 @@ async def read_checkpoint(reader: _LogReader, tp: TopicPartition) -> Checkpoint 
         window *= 4
 
 
+def check_bound(checkpoint: Checkpoint | None, live: LogIdentity, tp: TopicPartition) -> None:
+    """Refuse a checkpoint written on another log than ``live`` (17.2)."""
+    if checkpoint is None:
+        return
+    reason = identity_mismatch(checkpoint.outbox_identity, live)
+    if reason is not None:
+        raise LogIdentityMismatch(
+            f"{tp}: checkpoint at offset {checkpoint.outbox_offset}: {reason}; refusing to "
+            "restore from it (replay the outbox into an empty state, or restore the original log)"
+        )
+
+
 class AheadOfLogError(ValueError):
     """The local state claims outbox offsets the log does not have (a re-created topic)."""
 
@@ -201,9 +220,14 @@ async def restore_partition(
     writer = dormant
     reader: _LogReader | None = None
     try:
+        live = await fetch_log_identity(bootstrap, outbox_topic)
+        if writer is not None and writer.outbox_identity != live:
+            writer.close()
+            writer = None  # a dormant state of another log: rebuild from this one
         reader = await _LogReader.open(bootstrap, f"{client_id}-restore", snapshots, outbox)
         if writer is None:
             checkpoint = await read_checkpoint(reader, snapshots)
+            check_bound(checkpoint, live, snapshots)
             writer = PartitionWriter.restored(
                 partition,
                 checkpoint,
@@ -219,6 +243,7 @@ async def restore_partition(
             writer.close()
             shutil.rmtree(store_path, ignore_errors=True)
             checkpoint = await read_checkpoint(reader, snapshots)
+            check_bound(checkpoint, live, snapshots)
             writer = PartitionWriter.restored(
                 partition,
                 checkpoint,
@@ -228,6 +253,7 @@ async def restore_partition(
                 mailbox_shard_count=mailbox_shard_count,
             )
             read = await _replay(reader, outbox, writer)
+        writer.outbox_identity = live
         writer.take_over()
         return RestoreResult(writer, producer, read)
     except BaseException:

@@ -26,6 +26,8 @@ from typing import Final
 
 import msgspec
 
+from qim.schemas.log_identity import LogIdentity
+
 __all__ = [
     "CHECKPOINT_FORMAT",
     "DEFAULT_MAX_CHUNK_BYTES",
@@ -37,7 +39,8 @@ __all__ = [
     "latest_checkpoint",
 ]
 
-CHECKPOINT_FORMAT: Final = 1
+CHECKPOINT_FORMAT: Final = 2
+"""2: ``outbox_identity`` binds the outbox offset to its log (17.2)."""
 DEFAULT_MAX_CHUNK_BYTES: Final = 512 * 1024
 """Half of Kafka's default ``max.message.bytes``: room for the chunk header and batch framing."""
 
@@ -51,6 +54,8 @@ class Checkpoint(msgspec.Struct, frozen=True, array_like=True):
     fencing_epoch: int
     writer: bytes
     membership: bytes
+    outbox_identity: LogIdentity | None = None
+    """The outbox log ``outbox_offset`` counts in; restore refuses any other (fail closed)."""
 
 
 class CheckpointChunk(msgspec.Struct, frozen=True, array_like=True):

@@ -42,6 +42,7 @@ from qim.schemas.records import (
     encode_membership_record,
     encode_outbox_record,
 )
+from qim.streams.identity import fetch_log_identity
 from tests.integration.workers import FaustWorker
 from tests.unit.agents.test_fanout_seed import checkpoint_of
 from tests.unit.fanout.support import Outbox, shard_of
@@ -161,7 +162,8 @@ class FakeWriter:
         if checkpoint:
             partition, offset = self.offsets[positions[-1]]
             cp = checkpoint_of(self.outbox, positions[-1], partition=partition)
-            cp = msgspec.structs.replace(cp, outbox_offset=offset)
+            identity = await fetch_log_identity(self.p.bootstrap, self.p.outbox)
+            cp = msgspec.structs.replace(cp, outbox_offset=offset, outbox_identity=identity)
             for key, value in checkpoint_records(cp):
                 await producer.send(self.p.snapshots, value, key=key, partition=partition)
         if abort:
