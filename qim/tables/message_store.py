@@ -80,10 +80,26 @@ def _options(caps: Mapping[str, Any]) -> rocksdict.Options:
 class MessageStore:
     """History rows, direct participants and the applied outbox offset of one partition."""
 
-    def __init__(self, path: Path, caps: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        path: Path,
+        caps: Mapping[str, Any] | None = None,
+        *,
+        secondary_path: Path | None = None,
+    ) -> None:
         self.path = path
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self._db: Any = rocksdict.Rdict(str(path), options=_options(caps or {}))
+        if secondary_path is None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._db: Any = rocksdict.Rdict(str(path), options=_options(caps or {}))
+        else:  # a read-only view of a store the writer holds open (``qim replay history``)
+            if not path.is_dir():
+                raise FileNotFoundError(f"no message store at {path}")
+            secondary_path.mkdir(parents=True, exist_ok=True)
+            self._db = rocksdict.Rdict(
+                str(path),
+                options=_options(caps or {}),
+                access_type=rocksdict.AccessType.secondary(str(secondary_path)),
+            )
         raw = self._db.get(_OFFSET_KEY)
         self._applied = NO_OFFSET if raw is None else int.from_bytes(raw, "big") - 1
 
@@ -135,6 +151,10 @@ class MessageStore:
         batch.put(_OFFSET_KEY, (outbox_offset + 1).to_bytes(8, "big"))
         self._db.write(batch)
         self._applied = outbox_offset
+
+    def items(self) -> Generator[tuple[bytes, bytes], None, None]:
+        """Every pair in key order (replay comparison)."""
+        yield from prefix_scan(self._db, b"", b"", False)
 
     def close(self) -> None:
         self._db.close()
