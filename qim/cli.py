@@ -1,4 +1,4 @@
-"""`qim`: the operator's entry point: the local stack, tokens, groups (audit, replay later)."""
+"""`qim`: the operator's entry point: local stack, tokens, groups, users, audit, replay, bench."""
 
 from __future__ import annotations
 
@@ -6,12 +6,16 @@ import json
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import click
 
 from qim.admin.cli import admin, group
+from qim.admin.user_show import user
 from qim.auth.cli import token
+from qim.bench.cli import bench
 from qim.devstack.stack import Stack
 from qim.gateway.cli import gateway
 
@@ -96,7 +100,8 @@ def replay() -> None:
 
 
 @replay.command("mailbox")
-@click.option("--shard", type=click.IntRange(min=0), required=True, help="MailboxShard number.")
+@click.option("--shard", type=click.IntRange(min=0), help="MailboxShard number.")
+@click.option("--all", "all_shards", is_flag=True, help="Every shard the datadir holds.")
 @click.option(
     "--datadir",
     type=click.Path(path_type=Path, file_okay=False),
@@ -108,11 +113,13 @@ def replay() -> None:
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
     required=True,
-    help="An empty folder for the rebuilt store.",
+    help="An empty folder for the rebuilt store (one subfolder per shard with --all).",
 )
 @click.option("--bootstrap", envvar="QIM_KAFKA_BOOTSTRAP", default="127.0.0.1:19092")
-def replay_mailbox(shard: int, datadir: Path, out: Path, bootstrap: str) -> None:
-    """Replay the shard's dispatch partition into OUT and compare byte for byte with the live
+def replay_mailbox(
+    shard: int | None, all_shards: bool, datadir: Path, out: Path, bootstrap: str
+) -> None:
+    """Replay a shard's dispatch partition into OUT and compare byte for byte with the live
     store; exit 1 on any difference."""
     import asyncio
     import os
@@ -129,16 +136,88 @@ def replay_mailbox(shard: int, datadir: Path, out: Path, bootstrap: str) -> None
         datadir=datadir,
         store_caps=ROCKSDB_OPTIONS,
     )
-    with click.progressbar(length=1, label=f"replaying shard {shard}") as bar:
+    shards = _pick(shard, all_shards, options.store_path(0).parent, "shard-")
+    ok = True
+    for n in shards:
+        with click.progressbar(length=1, label=f"replaying shard {n}") as bar:
+            target = out / f"shard-{n}" if all_shards else out
+            report = asyncio.run(replay_worker_shard(options, n, target, progress=_progress(bar)))
+        for line in report.lines():
+            click.echo(line)
+        ok = ok and report.ok
+    sys.exit(0 if ok else 1)
 
-        def progress(done: int, total: int) -> None:
-            bar.length = max(total, 1)
-            bar.update(done - bar.pos)
 
-        report = asyncio.run(replay_worker_shard(options, shard, out, progress=progress))
-    for line in report.lines():
-        click.echo(line)
-    sys.exit(0 if report.ok else 1)
+@replay.command("history")
+@click.option("--partition", type=click.IntRange(min=0), help="Writer (outbox) partition.")
+@click.option("--all", "all_partitions", is_flag=True, help="Every partition the datadir holds.")
+@click.option(
+    "--datadir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path(".run/workers/conversation-1/data"),
+    show_default=True,
+    help="The conversation worker's --datadir (holds the live MessageStores).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    required=True,
+    help="An empty folder for the rebuilt store (one subfolder per partition with --all).",
+)
+@click.option("--bootstrap", envvar="QIM_KAFKA_BOOTSTRAP", default="127.0.0.1:19092")
+def replay_history(
+    partition: int | None, all_partitions: bool, datadir: Path, out: Path, bootstrap: str
+) -> None:
+    """Replay an outbox partition into a fresh MessageStore under OUT and compare it row by row
+    with the live one; exit 1 on any difference."""
+    import asyncio
+    import os
+
+    from qim.agents.history_replay import replay_history_partition
+    from qim.agents.writer_options import WriterOptions
+    from qim.apps.base import ROCKSDB_OPTIONS
+    from qim.params import Settings
+
+    options = WriterOptions.load(
+        Settings.load(), os.environ, bootstrap=bootstrap, datadir=datadir,
+        store_caps=ROCKSDB_OPTIONS,
+    )  # fmt: skip
+    partitions = _pick(partition, all_partitions, options.store_path(0).parent, "p")
+    ok = True
+    for n in partitions:
+        with click.progressbar(length=1, label=f"replaying partition {n}") as bar:
+            target = out / f"p{n}" if all_partitions else out
+            report = asyncio.run(
+                replay_history_partition(options, n, target, progress=_progress(bar))
+            )
+        for line in report.lines():
+            click.echo(line)
+        ok = ok and report.ok
+    sys.exit(0 if ok else 1)
+
+
+def _pick(one: int | None, every: bool, folder: Path, prefix: str) -> list[int]:
+    """The store numbers to replay: ``one``, or with ``every`` each ``<prefix><n>`` folder."""
+    if (one is None) == (not every):
+        raise click.UsageError("give exactly one of --shard/--partition N or --all")
+    if one is not None:
+        return [one]
+    found = sorted(
+        int(p.name[len(prefix) :])
+        for p in (folder.iterdir() if folder.is_dir() else ())
+        if p.name.startswith(prefix) and p.name[len(prefix) :].isdigit()
+    )
+    if not found:
+        raise click.ClickException(f"no stores under {folder}")
+    return found
+
+
+def _progress(bar: Any) -> Callable[[int, int], None]:
+    def progress(done: int, total: int) -> None:
+        bar.length = max(total, 1)
+        bar.update(done - bar.pos)
+
+    return progress
 
 
 @main.command()
@@ -161,6 +240,8 @@ main.add_command(token)
 main.add_command(gateway)
 main.add_command(group)
 main.add_command(admin)
+main.add_command(user)
+main.add_command(bench)
 
 if __name__ == "__main__":
     main()

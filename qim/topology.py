@@ -56,7 +56,8 @@ def _processes() -> str:
     ]
     for w in cfg.workers:
         rows.append(
-            f"| worker `{w.name}` | `faust -A {w.module} worker` | {w.web_port} (`/healthz`) |"
+            f"| worker `{w.name}` | `faust -A {w.module} worker` "
+            f"| {w.web_port} (`/healthz`, `/metrics`) |"
         )
     for g in cfg.gateways:
         rows.append(

@@ -205,8 +205,10 @@ def serve(
     """Serve POST/DELETE/GET /v1/groups... until Ctrl-C (requests go through Kafka)."""
     from qim.admin.groups import GroupAdmin
     from qim.admin.server import GroupAdminServer, serve_group_admin
+    from qim.observability.logging import configure as configure_logging
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not configure_logging("admin"):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     if len(admin_secret) < 16:
         raise click.BadParameter("at least 16 characters", param_hint="--admin-secret")
 

@@ -40,8 +40,10 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalStateError, ProducerFenced
 from mode import Service
+from prometheus_client import CollectorRegistry
 
 from qim.agents.writer_lease import HeartbeatLease
+from qim.agents.writer_metrics import WriterMetrics
 from qim.agents.writer_options import WriterOptions, describe_topics
 from qim.agents.writer_partition import PartitionWriter
 from qim.agents.writer_requests import RequestContext
@@ -71,9 +73,12 @@ class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is
 class ConversationWriterService(Service):
     """The ConversationWriter of the partitions this worker owns (see the module docstring)."""
 
-    def __init__(self, options: WriterOptions, **kwargs: Any) -> None:
+    def __init__(
+        self, options: WriterOptions, registry: CollectorRegistry | None = None, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.options = options
+        self.registry = registry if registry is not None else CollectorRegistry()
         self.lease = HeartbeatLease(options.self_fence_deadline_ms)
         self.counters: dict[str, int] = dict.fromkeys(
             ("fenced", "failed", "restores", "self_fenced"), 0
@@ -88,6 +93,7 @@ class ConversationWriterService(Service):
         self._restoring: dict[int, asyncio.Task[None]] = {}
         self._semaphore = asyncio.Semaphore(options.restore_concurrency)
         self._assigned_at = 0.0
+        self.metrics = WriterMetrics(self.registry, self.status)
 
     # -- status ----------------------------------------------------------------------------------
 
@@ -282,6 +288,7 @@ class ConversationWriterService(Service):
                 checkpoint_interval_s=opts.checkpoint_interval_s,
                 lease_valid=self.lease.valid,
                 crash=opts.crash,
+                metrics=self.metrics,
             )
             tp = TopicPartition(opts.requests_topic, p)
             committed = await consumer.committed(tp)

@@ -281,9 +281,10 @@ def register(
     """Start a FanoutCoordinator with ``app``'s workers (``app.service``); returns the class
     (Faust instantiates it with keyword arguments only).
 
-    Without ``options`` it reads ``Settings.load()`` and the app's broker list, so the
-    conversation app needs one line: ``register(app)``. ``registry`` is where its metrics go
-    (the app's ``/metrics`` registry); by default the service creates its own.
+    Without ``options`` it reads ``Settings.load()`` and the app's broker list. ``registry``
+    is where its metrics go; by default the service creates its own. (The conversation app
+    subclasses the service itself, to reach the instance for ``/healthz`` and share one
+    ``/metrics`` registry with the ConversationWriter.)
     """
     bootstrap = ",".join(f"{url.host}:{url.port}" for url in app.conf.broker)
 

@@ -6,6 +6,8 @@ Spec names where one fits (§24.1.3), as the raw histograms their percentiles ar
   from the record's ``committed_at`` (the writer's HLC time, Unix ms) when the last dispatch of
   the record is acknowledged; a held record's wait is part of its lag. Its p99 is the spec's
   ``fanout_lag_seconds_p99``.
+* ``outbox_lag_seconds`` -- commit -> the record consumed and decided here (live records
+  only, recovery replays excluded); its p99 is the spec's ``outbox_lag_seconds_p99`` (24.1.2).
 * ``fanout_target_shards_per_message`` -- target MailboxShards per committed message (``S``),
   counted as the dispatches it produced (a chunk split adds to it, rarely).
 
@@ -36,6 +38,10 @@ class FanoutMetrics:
         self.target_shards = Histogram(
             "fanout_target_shards_per_message", "dispatches (target MailboxShards) per message",
             registry=r, buckets=_SHARD_BUCKETS,
+        )  # fmt: skip
+        self.outbox_lag = Histogram(
+            "outbox_lag_seconds", "outbox commit -> record consumed by the FanoutCoordinator",
+            registry=r, buckets=_LAG_BUCKETS,
         )  # fmt: skip
         self.outbox_records = Counter(
             "qim_fanout_outbox_records_total",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -18,6 +19,7 @@ from aiokafka import AIOKafkaProducer
 
 from qim.agents.fanout_metrics import FanoutMetrics
 from qim.agents.fanout_partition import Fed, PartitionFanout
+from qim.agents.trace_lines import dispatched as trace_dispatched
 from qim.schemas.records import (
     DispatchLogRecord,
     GroupDispatch,
@@ -36,6 +38,9 @@ def feed_live(
 ) -> tuple[Fed, bool]:
     """Feed fetched records; returns what to produce and whether to pause the partition."""
     fed = part.feed(((m.offset, m.value) for m in records), live=True)
+    now = time.time()
+    for record, _count in fed.sent:
+        metrics.outbox_lag.observe(max(0.0, now - record.committed_at / 1000))
     for nr in fed.held:
         metrics.not_ready.labels(nr.reason.value).inc()
         log.warning(
@@ -81,6 +86,7 @@ def _retrieve(future: asyncio.Future[Any]) -> None:
 def observe(metrics: FanoutMetrics, fed: Fed, now: float) -> None:
     """Count an acknowledged feed; ``now`` is the wall clock in seconds (metrics only)."""
     metrics.dispatches.inc(len(fed.dispatches))
+    trace_dispatched(log, fed.dispatches)
     for record, count in fed.sent:
         if count == 0:
             continue  # a create: nothing was dispatched, so there is no lag to speak of

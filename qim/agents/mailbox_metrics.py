@@ -19,6 +19,17 @@ Online push (24.1.6, 24.1.11): ``presence_stale_total`` (PRESENCE_STALE received
 ``qim_mailbox_push_failed_total`` (not acknowledged), ``qim_mailbox_push_skipped_total{reason}``
 (replay, presence rebuilding, planner refused), ``qim_mailbox_push_offline_users_total``.
 
+Lane watermark advance (24.1.4, 26.3.6): ``lane_watermark_advance_seconds`` is the histogram of
+:class:`~qim.agents.mailbox_observe.LaneAdvanceClock` waits (one per advanced lane per
+WriteBatch); ``lane_watermark_advance_p99`` (the B.5.1 SLO's own name) is the gauge of the p99
+over the most recent of them (``mailbox_observe.ADVANCE_WINDOW``).
+``mailbox_entry_cap_evicted_total{tenant}`` (18.3.3, 26.1.6) counts forced-trim evictions.
+
+Per-request reads (26.0 observation points, :mod:`~qim.agents.mailbox_observe`): histograms
+``storage_keys_examined``, ``storage_rows_returned``, ``tombstones_scanned`` and
+``body_join_count``, each ``{kind}`` (``pull_mailbox`` / ``sync_auth``): one observation per
+answered request, so a ``_sum`` delta over one request is that request's count.
+
 ``totals`` mirrors every counter as a plain dict for the worker's ``/mailbox`` status page.
 """
 
@@ -26,18 +37,27 @@ from __future__ import annotations
 
 import time
 from collections import Counter as Tally
-from collections.abc import Callable, Iterator, Mapping
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Final
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from qim.agents.mailbox_observe import ADVANCE_WINDOW, AdvanceP99, ReadStats
 from qim.agents.mailbox_push import PushOutcome
 from qim.agents.mailbox_shard import OwnedShard
 from qim.core.mailbox import METRICS, MaterializeResult
 from qim.schemas.frames import ErrorCode
 
 __all__ = ["MailboxMetrics"]
+
+_CAP_EVICTED: Final = "mailbox_entry_cap_evicted_total"
+_READS: Final = (
+    "storage_keys_examined", "storage_rows_returned", "tombstones_scanned", "body_join_count"
+)  # fmt: skip
+_COUNT_BUCKETS = (0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000, 5000)
 
 _LAG_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2, 5, 15, 60, 300)
 _WRITE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1)
@@ -89,8 +109,24 @@ class MailboxMetrics:
         self.registry = registry
         self.totals: Tally[str] = Tally()
         self._fold = {
-            name: Counter(name, f"materialize: {name}", ["shard"], registry=r) for name in METRICS
+            name: Counter(name, f"materialize: {name}", ["shard"], registry=r)
+            for name in METRICS
+            if name != _CAP_EVICTED
         }
+        self._cap_evicted = Counter(
+            _CAP_EVICTED, "entries removed by the per-user entry cap (P2)", ["tenant"], registry=r
+        )
+        self._advance = Histogram(
+            "lane_watermark_advance_seconds", "dispatch arrival until W[lane] covers it",
+            registry=r, buckets=_LAG_BUCKETS,
+        )  # fmt: skip
+        self._advance_recent: deque[float] = deque(maxlen=ADVANCE_WINDOW)
+        r.register(AdvanceP99(self._advance_recent))
+        self._reads = {
+            name: Histogram(name, f"per request: {name}", ["kind"], registry=r,
+                            buckets=_COUNT_BUCKETS)
+            for name in _READS
+        }  # fmt: skip
         self._regression = Gauge(
             "mailbox_seq_regression_count", "non-monotonic mailbox_seq seen (always 0)", registry=r
         )
@@ -156,13 +192,22 @@ class MailboxMetrics:
         seconds: float,
         regressed: bool,
         newest_committed_at_ms: int = 0,
+        advance_waits: Sequence[float] = (),
     ) -> None:
-        """One committed WriteBatch; ``newest_committed_at_ms`` (0: none) feeds the lag."""
+        """One committed WriteBatch; ``newest_committed_at_ms`` (0: none) feeds the lag,
+        ``advance_waits`` the lane watermark advance latency."""
         label = str(shard)
         for name, value in result.metrics.items():
             if value and name in self._fold:
                 self._fold[name].labels(label).inc(value)
                 self._add(name, value)
+        for tenant, evicted in result.cap_evicted.items():
+            self._cap_evicted.labels(tenant).inc(evicted)
+            self._add(_CAP_EVICTED, evicted)
+        for wait in advance_waits:
+            self._advance.observe(wait)
+            self._advance_recent.append(wait)
+        self._add("lane_watermark_advances", len(advance_waits))
         self._batches.labels(label).inc()
         self._add("mailbox_writebatch_total")
         self._write_seconds.observe(seconds)
@@ -191,6 +236,14 @@ class MailboxMetrics:
             if name is not None and error_code is not None:
                 self._login_errors[error_code].inc()
                 self._add(name)
+
+    def on_read(self, kind: str, stats: ReadStats) -> None:
+        """One answered request's store reads (26.0 observation points)."""
+        for name in _READS:
+            value: int | None = getattr(stats, name)
+            if value is not None:
+                self._reads[name].labels(kind).observe(value)
+                self._add(name, value)
 
     def on_sweep(self, metrics: Mapping[str, int]) -> None:
         self._add("retention_sweeps_total")

@@ -60,8 +60,10 @@ from qim.agents.mailbox_push import plan_batch_pushes, send_pushes
 from qim.agents.mailbox_reads import ReadContext
 from qim.agents.mailbox_shard import OwnedShard, decode_run, encode_floor
 from qim.agents.mailbox_takeover import take_over
+from qim.agents.trace_lines import mailboxed as trace_mailboxed
 from qim.core.mailbox import WrittenGroup
 from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
+from qim.schemas.seqs import compose_mailbox_seq
 
 __all__ = ["MailboxNodeService"]
 
@@ -98,6 +100,7 @@ class MailboxNodeService(Service):
             limits=options.limits,
             retry_after_ms=options.retry_after_ms,
             now_ms=lambda: int(time.time() * 1000),
+            tombstone_probe=options.tombstone_probe,
         )
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
@@ -162,6 +165,7 @@ class MailboxNodeService(Service):
                 log.exception("mailbox fetch failed; retrying")
                 await self.sleep(_RETRY_S)
                 continue
+            fetched_at = time.monotonic()
             async with self._lock:
                 requests = []
                 now_ms = int(time.time() * 1000)
@@ -173,7 +177,7 @@ class MailboxNodeService(Service):
                     if tp.topic == self.options.presence_topic:
                         continue
                     if tp.topic == self.options.dispatch_topic and records:
-                        await self._fold(tp, records)
+                        await self._fold(tp, records, fetched_at)
                     elif records:
                         requests.append((tp.partition, records))
                 await self._commit()
@@ -234,8 +238,9 @@ class MailboxNodeService(Service):
                         self.metrics.on_reconcile(report.presence_reconcile_diff)
                     return
 
-    async def _fold(self, tp: TopicPartition, records: list[Any]) -> None:
-        """Materialize one fetched run of a shard's dispatch partition, one WriteBatch."""
+    async def _fold(self, tp: TopicPartition, records: list[Any], fetched_at: float) -> None:
+        """Materialize one fetched run of a shard's dispatch partition, one WriteBatch;
+        ``fetched_at`` (monotonic) starts the run's lane watermark advance clock."""
         shard = self.owned.get(tp.partition)
         if shard is None:
             return
@@ -248,6 +253,12 @@ class MailboxNodeService(Service):
             crash = self.options.crash
             started = time.perf_counter()
             before = shard.applied_seq
+            old_w = shard.watermarks
+            shard.advance.arrived(
+                compose_mailbox_seq(shard.epoch, first),
+                compose_mailbox_seq(shard.epoch, last),
+                fetched_at,
+            )
             try:
                 result = shard.materialize(batch)
                 if crash.armed("committed", shard.shard, first, last):
@@ -267,7 +278,9 @@ class MailboxNodeService(Service):
             newest = max(
                 (r.committed_at for _, r in batch if isinstance(r, GroupDispatch)), default=0
             )
-            self.metrics.on_batch(shard.shard, result, seconds, regressed, newest)
+            waits = shard.advance.advanced(old_w, shard.watermarks, time.monotonic())
+            self.metrics.on_batch(shard.shard, result, seconds, regressed, newest, waits)
+            trace_mailboxed(log, shard.shard, shard.epoch, batch, self.options.client_id)
             await self._push(shard, result.written, batch)
         shard.consumed(records[-1].offset)
 

@@ -20,7 +20,7 @@ from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
 from qim.agents.mailbox_metrics import MailboxMetrics
-from qim.agents.mailbox_reads import ReadContext, answer
+from qim.agents.mailbox_reads import ReadContext, ReadStats, answer
 from qim.agents.mailbox_shard import OwnedShard, encode_floor
 from qim.schemas.records.push import PresenceStale
 from qim.schemas.records.user_requests import (
@@ -92,13 +92,15 @@ def replies_for(
             metrics.on_record("user-requests", "presence_stale")
             continue
         kind = "sync_auth" if isinstance(request, SyncAuthRequest) else "pull_mailbox"
+        stats = ReadStats()
         try:
-            reply = answer(shard, partition, request, ctx)
+            reply = answer(shard, partition, request, ctx, stats)
         except Exception:  # a bug of ours (SyncInvariantError...): never the client's fault
             log.exception("shard %d: %s request of %s failed", partition, kind, request.user_id)
             metrics.on_record("user-requests", "failed")
             continue
         metrics.on_reply(kind, None if reply.error is None else reply.error.code)
+        metrics.on_read(kind, stats)
         replies.append(reply)
     return replies
 

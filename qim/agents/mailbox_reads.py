@@ -9,7 +9,8 @@ a MailboxNode:
   ``SHARD_MOVED{retry_after_ms}`` -- never a batch with a watermark that is not caught up
   (10.4.2 (3), I-15);
 * ``effective_trim`` and the entries come from the shard's committed store
-  (``StoreMailboxReader``); bodies are joined per event group *before* the batch cutter sizes
+  (``StoreMailboxReader`` over a per-request :class:`StorageProbe`, which counts the reads for
+  the 26.0 observation points); bodies are joined per event group *before* the batch cutter sizes
   it, so the frame budget counts the bytes that are actually sent;
 * the epoch boundary (CURSOR_REBASED) is not resolvable yet: an older-epoch cursor gets
   CURSOR_EXPIRED and rebuilds, which is always safe (5.5.3 answer 2). The EpochBoundary table
@@ -26,8 +27,9 @@ from typing import Final
 
 import msgspec
 
+from qim.agents.mailbox_observe import ReadStats, StorageProbe
 from qim.agents.mailbox_shard import OwnedShard
-from qim.core.mailbox import join_bodies
+from qim.core.mailbox import StoreMailboxReader, join_bodies
 from qim.core.mailbox.keys import count_key
 from qim.core.mailbox.values import decode_u64
 from qim.core.sync import (
@@ -50,7 +52,7 @@ from qim.schemas.records.user_requests import (
 )
 from qim.schemas.routing import lane_id
 
-__all__ = ["HINT_SCAN_CAP", "ReadContext", "answer"]
+__all__ = ["HINT_SCAN_CAP", "ReadContext", "ReadStats", "answer"]
 
 HINT_SCAN_CAP: Final = 1000
 """Entries the login reads to size the pending hints; beyond it the counts are extrapolated
@@ -67,6 +69,8 @@ class ReadContext:
     limits: PullLimits
     retry_after_ms: int
     now_ms: Callable[[], int]
+    tombstone_probe: bool = True
+    """Take ``tombstones_scanned`` from the store's statistics (when it keeps them)."""
 
 
 def answer(
@@ -74,9 +78,17 @@ def answer(
     partition: int,
     request: SyncAuthRequest | PullMailboxRequest,
     ctx: ReadContext,
+    stats: ReadStats | None = None,
 ) -> MailboxReply:
-    """The reply to one request that arrived on user-requests partition ``partition``."""
-    body = _serve(shard, partition, request, ctx)
+    """The reply to one request that arrived on user-requests partition ``partition``;
+    ``stats`` receives what it read from the store (the 26.0 observation points)."""
+    stats = ReadStats() if stats is None else stats
+    probe = ctx.tombstone_probe and shard is not None
+    skipped = getattr(shard.store, "internal_keys_skipped", None) if probe and shard else None
+    before = skipped() if skipped is not None else 0
+    body = _serve(shard, partition, request, ctx, stats)
+    if skipped is not None:
+        stats.tombstones_scanned = max(skipped() - before, 0)
     if isinstance(body, Error):
         body = msgspec.structs.replace(body, request_id=request.request_id)
     return MailboxReply(
@@ -99,6 +111,7 @@ def _serve(
     partition: int,
     request: SyncAuthRequest | PullMailboxRequest,
     ctx: ReadContext,
+    stats: ReadStats,
 ) -> Reply:
     tenant, user = request.tenant_id, request.user_id
     if shard is None or shard.config.shard_of(tenant, user) != partition:
@@ -107,14 +120,18 @@ def _serve(
     w = shard.served_watermark(lane)
     if w is None:
         return shard_moved(ctx.retry_after_ms)
-    trim = shard.reader.effective_trim(tenant, user)
+    probe = StorageProbe(shard.store, stats)
+    reader = StoreMailboxReader(probe, shard.config.lane_count)
+    trim = reader.effective_trim(tenant, user)
     if isinstance(request, SyncAuthRequest):
-        return _sync_auth(shard, request, lane, w, trim, ctx)
-    return _pull(shard, request, w, trim, ctx)
+        return _sync_auth(shard, probe, reader, request, lane, w, trim, ctx)
+    return _pull(probe, reader, request, w, trim, ctx)
 
 
 def _sync_auth(
     shard: OwnedShard,
+    probe: StorageProbe,
+    reader: StoreMailboxReader,
     request: SyncAuthRequest,
     lane: int,
     w: int,
@@ -131,7 +148,7 @@ def _sync_auth(
         keys=ctx.keys,
         now_ms=ctx.now_ms(),
         resolve_boundary=lambda claims, seq: None,
-        pending=lambda after, up_to: _pending(shard, tenant, user, after, up_to),
+        pending=lambda after, up_to: _pending(probe, reader, tenant, user, after, up_to),
     )
     if isinstance(result, Error):
         return result
@@ -154,27 +171,40 @@ def _auth_result(sync: AuthSync, shard_epoch: int) -> AuthSyncResult:
     )
 
 
-def _pending(shard: OwnedShard, tenant: str, user: str, after: int, up_to: int) -> PendingSummary:
+def _pending(
+    probe: StorageProbe,
+    reader: StoreMailboxReader,
+    tenant: str,
+    user: str,
+    after: int,
+    up_to: int,
+) -> PendingSummary:
     """Exact ``has_entries``; counts from at most :data:`HINT_SCAN_CAP` entries."""
     count = size = 0
-    for _, group in shard.reader.read_user_range(tenant, user, after, up_to):
+    for _, group in reader.read_user_range(tenant, user, after, up_to):
+        probe.returned(len(group))
         count += len(group)
         size += sum(len(encode_body(entry)) for entry in group)
         if count >= HINT_SCAN_CAP:
-            live = decode_u64(shard.store.get(count_key(tenant, user)))
+            live = decode_u64(probe.get(count_key(tenant, user)))
             estimate = max(count, live)
             return PendingSummary(True, estimate, size * estimate // count)
     return PendingSummary(count > 0, count, size)
 
 
 def _pull(
-    shard: OwnedShard, request: PullMailboxRequest, w: int, trim: int, ctx: ReadContext
+    probe: StorageProbe,
+    reader: StoreMailboxReader,
+    request: PullMailboxRequest,
+    w: int,
+    trim: int,
+    ctx: ReadContext,
 ) -> Reply:
     tenant, user = request.tenant_id, request.user_id
-    reader = shard.reader
 
     def read(after: int, up_to: int) -> Iterator[Group]:
         for seq, group in reader.read_user_range(tenant, user, after, up_to):
+            probe.returned(len(group))
             yield seq, join_bodies(reader, tenant, group)
 
     return pull_mailbox(

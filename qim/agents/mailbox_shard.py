@@ -29,6 +29,7 @@ from typing import Any, Final, Protocol
 
 import msgspec
 
+from qim.agents.mailbox_observe import LaneAdvanceClock
 from qim.core.mailbox import (
     KVReader,
     MailboxConfig,
@@ -134,6 +135,8 @@ class OwnedShard:
         """Something (offsets or the floor) waits to be committed to Kafka."""
         now = time.monotonic()
         self.advanced_at = [now] * config.lane_count
+        self.advance = LaneAdvanceClock()
+        """Arrival times for ``lane_watermark_advance`` (metrics only, never stored)."""
 
     # -- takeover ------------------------------------------------------------------------------
 

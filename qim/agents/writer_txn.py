@@ -37,9 +37,12 @@ import msgspec
 from aiokafka import AIOKafkaProducer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
+from qim.agents.trace_lines import committed as trace_committed
+from qim.agents.writer_metrics import WriterMetrics
 from qim.agents.writer_partition import PartitionWriter, Plan, conversation_of
 from qim.agents.writer_requests import RequestContext, conversation_of_request, handle_request
 from qim.agents.writer_snapshot import checkpoint_records
+from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.records import (
     OutboxRecord,
     PullHistoryRequest,
@@ -130,8 +133,10 @@ class OwnedPartition:
         checkpoint_interval_s: float,
         lease_valid: Callable[[], bool],
         crash: CrashHook,
+        metrics: WriterMetrics | None = None,
     ) -> None:
         self.writer = writer
+        self.metrics = metrics
         self.producer = producer
         self.topics = topics
         self.group_id = group_id
@@ -172,13 +177,28 @@ class OwnedPartition:
                 await self._commit(plan, offset, armed)
                 plan = Plan()
             if request is not None:
-                handle_request(self.writer, self.ctx, request, now_ms, plan)
+                self._decide(request, now_ms, plan)
         await self._commit(plan, decoded[-1][0] + 1, armed)
+
+    def _decide(self, request: Any, now_ms: int, plan: Plan) -> None:
+        """One request into the plan; a send's decision time is ``conversation_seq_alloc``."""
+        metrics = self.metrics
+        if metrics is None or not isinstance(request, SendRequest):
+            handle_request(self.writer, self.ctx, request, now_ms, plan)
+            return
+        replies = len(plan.replies)
+        started = time.perf_counter()
+        handle_request(self.writer, self.ctx, request, now_ms, plan)
+        metrics.seq_alloc.observe(time.perf_counter() - started)
+        for reply in plan.replies[replies:]:
+            if reply.error is not None and reply.error.code == ErrorCode.CLOCK_UNSAFE:
+                metrics.clock_unsafe.inc()
 
     async def _commit(self, plan: Plan, next_offset: int, armed: bool) -> None:
         """One transaction: the plan's records, a checkpoint if due, the request offsets."""
         self.crash("decided", armed)
         producer, topics, p = self.producer, self.topics, self.partition
+        started = time.perf_counter()
         await producer.begin_transaction()
         try:
             appended = await self._send(plan)
@@ -197,6 +217,11 @@ class OwnedPartition:
             await self._abort()
             raise
         self.committed += 1
+        if self.metrics is not None:
+            self.metrics.transactions.inc()
+            self.metrics.outbox_records.inc(len(appended))
+            self.metrics.txn_seconds.observe(time.perf_counter() - started)
+        trace_committed(log, appended)
         if checkpointed:
             self.writer.debt = 0
             self.last_checkpoint = time.monotonic()

@@ -3,18 +3,28 @@
 Every app (one per topic group, run as `faust -A qim.apps.<name> worker`) is made here, so the
 choices of direction.md section 1 hold everywhere: at-least-once (Faust's exactly_once mode has
 open data-loss bugs), RocksDB tables through rocksdict with a capped block cache, web bound to
-loopback, and a `/healthz` page that says whether the worker is ready to serve.
+loopback, a `/healthz` page that says whether the worker is ready to serve, `/metrics`, and
+JSON log lines when ``QIM_LOG_FORMAT=json``.
+
+Readiness (`/healthz`, 200 ready / 503 not): Faust's own (``worker_ready``: table recovery
+done, not rebalancing, no crashed agent) AND every service check registered with
+:func:`add_readiness` -- the ConversationWriter has restored every partition it was assigned,
+the FanoutCoordinator serves every outbox partition it was assigned, the MailboxNode has taken
+over its shards and every lane reached its floor (direction.md 4.1). A worker the group gave
+nothing is not ready: it serves nothing. The body names each service's state, per shard.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 import faust
 from faust.web import Request, Response, View
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from qim.observability.logging import json_logging_config, wants_json
 from qim.params import Settings
 
 DEFAULT_BOOTSTRAP = "127.0.0.1:19092"
@@ -61,6 +71,8 @@ def make_app(app_id: str, *, env: Mapping[str, str] | None = None, **overrides: 
         "consumer_metadata_max_age_ms": 5000,
         "autodiscover": False,
     }
+    if wants_json(env):
+        settings["logging_config"] = json_logging_config(app_id)
     settings.update(overrides)
     app = faust.App(app_id, **settings)
     install_health(app)
@@ -77,8 +89,20 @@ def crashed_agents(app: faust.App) -> list[str]:
     return names
 
 
+ReadinessCheck = Callable[[], dict[str, Any]]
+"""A service's readiness: a JSON-able dict with at least ``"ready": bool``."""
+
+_READINESS: dict[str, dict[str, ReadinessCheck]] = {}
+
+
+def add_readiness(app: faust.App, name: str, check: ReadinessCheck) -> None:
+    """Make ``/healthz`` ready only when ``check()["ready"]`` is true too."""
+    _READINESS.setdefault(app.conf.id, {})[name] = check
+
+
 def health_of(app: faust.App) -> dict[str, Any]:
-    """Ready means: not rebalancing, table recovery finished, and no agent has crashed."""
+    """Faust's readiness (not rebalancing, table recovery finished, no agent crashed) and the
+    registered services' readiness."""
     recovery_done = bool(app.tables.recovery.completed.is_set())  # type: ignore[attr-defined]
     crashed = crashed_agents(app)
     rebalancing = bool(getattr(app, "rebalancing", False))
@@ -86,9 +110,13 @@ def health_of(app: faust.App) -> dict[str, Any]:
         assigned = sorted(f"{tp.topic}:{tp.partition}" for tp in app.consumer.assignment())
     except Exception:  # the consumer does not exist before the worker starts
         assigned = []
+    worker_ready = recovery_done and not rebalancing and not crashed
+    services = {name: check() for name, check in _READINESS.get(app.conf.id, {}).items()}
     return {
         "app": app.conf.id,
-        "ready": recovery_done and not rebalancing and not crashed,
+        "ready": worker_ready and all(bool(s.get("ready")) for s in services.values()),
+        "worker_ready": worker_ready,
+        "services": services,
         "crashed_agents": crashed,
         "rebalancing": rebalancing,
         "recovery_complete": recovery_done,
@@ -113,6 +141,21 @@ def install_status_page(app: faust.App, path: str, running: RunningService[Any])
         return web.json({"started": True, **service.status()})
 
     app.page(path, name=f"status{path.replace('/', '_')}")(status_page)
+
+
+def install_metrics_page(
+    app: faust.App, path: str, registry: Callable[[], CollectorRegistry | None]
+) -> None:
+    """The Prometheus text exposition of ``registry()`` at ``path`` (503 before it exists)."""
+
+    async def metrics_page(web: View, request: Request) -> Response:
+        reg = registry()
+        if reg is None:
+            return web.text("", status=503)
+        body = generate_latest(reg).decode()
+        return web.text(body, content_type=CONTENT_TYPE_LATEST.split(";")[0])
+
+    app.page(path, name=f"metrics{path.replace('/', '_')}")(metrics_page)
 
 
 def install_health(app: faust.App) -> None:

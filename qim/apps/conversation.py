@@ -8,8 +8,10 @@ HistoryArchiver run inside it, on the same outbox records. The FanoutCoordinator
 service (``qim.agents.fanout_coordinator``, consumer group ``qim-fanout`` on ``qim.outbox``,
 read_committed) turning each committed record into one GroupDispatch per target MailboxShard.
 
-``/writer`` shows which partitions this worker owns and serves (tests wait on it; ``/healthz``
-only covers Faust's own readiness).
+Pages: ``/writer`` shows which partitions this worker owns and serves, ``/fanout`` the
+FanoutCoordinator's; ``/metrics`` exports both services' series (one registry); ``/healthz``
+is ready once every assigned conversation partition is restored and serving and every
+assigned outbox partition is recovered by the FanoutCoordinator.
 """
 
 from __future__ import annotations
@@ -18,12 +20,17 @@ import os
 from pathlib import Path
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from qim.agents.conversation_writer import ConversationWriterService
-from qim.agents.fanout_coordinator import register as register_fanout
+from qim.agents.fanout_coordinator import FanoutCoordinatorService
+from qim.agents.fanout_options import FanoutOptions
 from qim.agents.writer_options import WriterOptions
 from qim.apps.base import (
     ROCKSDB_OPTIONS,
     RunningService,
+    add_readiness,
+    install_metrics_page,
     install_status_page,
     kafka_bootstrap,
     make_app,
@@ -31,10 +38,11 @@ from qim.apps.base import (
 from qim.params import Settings
 
 app = make_app("qim-conversation")
-register_fanout(app)
-
+registry = CollectorRegistry()
+"""The worker's ``/metrics``: the ConversationWriter's and the FanoutCoordinator's series."""
 
 _running: RunningService[ConversationWriterService] = RunningService()
+_fanout: RunningService[FanoutCoordinatorService] = RunningService()
 
 
 @app.service
@@ -49,8 +57,56 @@ class ConversationWriter(ConversationWriterService):
             datadir=Path(app.conf.datadir),
             store_caps=ROCKSDB_OPTIONS,
         )
-        super().__init__(options, **kwargs)
+        super().__init__(options, registry=registry, **kwargs)
         _running.service = self
 
 
+@app.service
+class FanoutCoordinator(FanoutCoordinatorService):
+    """The FanoutCoordinator of the outbox partitions the group gives this worker."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        opts = FanoutOptions.from_settings(Settings.load(), bootstrap=kafka_bootstrap())
+        super().__init__(opts, registry=registry, **kwargs)
+        _fanout.service = self
+
+
+def _owned(status: dict[str, Any], done: str, busy: str) -> dict[str, Any]:
+    assigned, serving = set(status["assigned"]), set(status[done])
+    waiting = sorted(assigned - serving)
+    return {
+        "ready": bool(assigned) and not waiting and not status[busy],
+        "assigned": len(assigned),
+        done: len(serving),
+        "waiting": waiting,
+    }
+
+
+def writer_readiness() -> dict[str, Any]:
+    """Every assigned conversation partition restored and serving, the lease valid."""
+    service = _running.service
+    if service is None:
+        return {"ready": False, "started": False}
+    status = service.status()
+    state = _owned(status, "serving", "restoring")
+    state["ready"] = state["ready"] and bool(status["lease_valid"])
+    return state
+
+
+def fanout_readiness() -> dict[str, Any]:
+    """Every assigned outbox partition recovered; none stalled at a record it refuses."""
+    service = _fanout.service
+    if service is None:
+        return {"ready": False, "started": False}
+    status = service.status()
+    state = _owned(status, "serving", "recovering")
+    state["stalled"] = status["stalled"]
+    state["ready"] = state["ready"] and not status["stalled"]
+    return state
+
+
+add_readiness(app, "conversation_writer", writer_readiness)
+add_readiness(app, "fanout_coordinator", fanout_readiness)
 install_status_page(app, "/writer", _running)
+install_status_page(app, "/fanout", _fanout)
+install_metrics_page(app, "/metrics", lambda: registry)

@@ -41,7 +41,7 @@ from qim.client.errors import (
 from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import Identity, direct_conversation_id, identity_from_token
-from qim.client.login import SyncResult, login_and_sync
+from qim.client.login import SyncResult, catch_up, login_and_sync
 from qim.client.state import TRANSITIONS, ClientEvent, ClientState, ClientStateMachine
 from qim.client.sync import DeviceCursor, MailboxSync
 from qim.client.transport import (
@@ -89,6 +89,7 @@ __all__ = [
     "TransportError",
     "UnexpectedFrame",
     "WebSocketTransport",
+    "catch_up",
     "direct_conversation_id",
     "encode_auth",
     "identity_from_token",

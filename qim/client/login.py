@@ -44,7 +44,7 @@ import msgspec
 
 from qim.client.client import DEFAULT_CLIENT_VERSION, QimClient
 from qim.client.errors import QimError
-from qim.client.sync import DeviceCursor, MailboxSync, SyncProtocolError
+from qim.client.sync import DeviceCursor, MailboxSync, SyncPhase, SyncProtocolError
 from qim.schemas.frames import (
     AuthOk,
     Error,
@@ -55,7 +55,7 @@ from qim.schemas.frames import (
     SyncEntry,
 )
 
-__all__ = ["SyncResult", "login_and_sync"]
+__all__ = ["SyncResult", "catch_up", "login_and_sync"]
 
 _CURSOR_CODES: Final = frozenset(
     {ErrorCode.CURSOR_EXPIRED, ErrorCode.CURSOR_REBASED, ErrorCode.CURSOR_INVALID}
@@ -116,12 +116,16 @@ async def login_and_sync(
 ) -> SyncResult:
     """AUTH on ``client`` (an unconnected QimClient) and sync until ONLINE_READY.
 
-    ``sync`` continues an existing MailboxSync (its cursor wins over ``cursor``). Raises
+    ``sync`` continues an existing MailboxSync (its cursor wins over ``cursor``; its dedup
+    memory carries over), e.g. the previous :class:`SyncResult`'s after that connection
+    dropped: a phase left over from it is ended first. Raises
     :class:`QimError` for a verdict that another AUTH cannot fix (or after ``max_attempts``),
     :class:`~qim.client.sync.SyncProtocolError` for a server that breaks §9.3.3; the client is
     closed then.
     """
     state = sync if sync is not None else MailboxSync(cursor)
+    if state.phase is not SyncPhase.OFFLINE:
+        state.disconnect()  # a reconnect: the previous connection's login is over
     entries: list[SyncEntry] = []
     for attempt in range(1, max_attempts + 1):
         last = attempt == max_attempts
@@ -159,6 +163,32 @@ async def login_and_sync(
         ordered = sorted(entries, key=lambda e: (e.mailbox_seq, e.event_ordinal, e.event_id))
         return SyncResult(client, ok, ordered, state.cursor, state, attempt)
     raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def catch_up(
+    result: SyncResult,
+    *,
+    user_refresh: bool = False,
+    clock_ms: Callable[[], int] = _wall_ms,
+) -> list[SyncEntry]:
+    """The online device's pull rule (6.10.1, 15.1.1): PING, then ``PULL_MAILBOX(cursor, 0)``
+    iff the PONG says ``mailbox_dirty`` or ``cursor < last_pushed_user_seq`` (or the user asks),
+    at most once per ``client_resync_min_interval``. Returns the entries not seen before;
+    persist ``result.sync.cursor`` after storing them.
+
+    Why a device needs it even when every push arrived: pushes never move the cursor (9.4.3),
+    and an event materialized between the login's top-up and the MailboxNode learning the new
+    presence is neither pulled nor pushed; the next pull closes that gap.
+    """
+    state = result.sync
+    state.on_pong(await result.client.ping())
+    pull = state.fallback_pull(clock_ms(), user_refresh=user_refresh)
+    if pull is None:
+        return []
+    acked = state.cursor.last_applied_mailbox_seq
+    got = await _drain(result.client, state, [pull], acked, clock_ms)
+    result.client.last_applied_mailbox_seq = state.cursor.last_applied_mailbox_seq
+    return got
 
 
 async def _refused(state: MailboxSync, exc: QimError, last: bool) -> None:

@@ -114,6 +114,8 @@ class StackConfig:
             ),
             "QIM_ADMIN_URL": self.admins[0].url if self.admins else "",
             "QIM_ADMIN_SECRET": self.admin_secret(),
+            # one JSON object per log line (qim.observability.logging)
+            "QIM_LOG_FORMAT": "json",
         }
 
     def admin_secret(self) -> str:
@@ -217,10 +219,16 @@ def worker_argv(module: str, datadir: Path, web_port: int) -> list[str]:
     ]  # fmt: skip
 
 
-def wait_worker_ready(port: int, pid: int, log_file: Path, *, timeout_s: float, what: str) -> None:
+def wait_worker_ready(
+    port: int, pid: int, log_file: Path, *, timeout_s: float, what: str, key: str = "worker_ready"
+) -> None:
+    """Wait for ``/healthz``'s ``key``: ``worker_ready`` (Faust started, tables recovered) by
+    default; ``ready`` also waits for the services (partitions restored, lanes caught up),
+    which a test that holds a lane below its floor on purpose would never see."""
+
     def ready() -> bool:
         h = worker_health(port)
-        return bool(h and h.get("ready"))
+        return bool(h and h.get(key))
 
     try:
         procs.wait_until(
@@ -255,7 +263,9 @@ class Stack:
             argv = worker_argv(w.module, wdir / "data", w.web_port)
             env = {**os.environ, **self.cfg.env()}
             pid = procs.spawn(argv, pid_file=pid_file, log_file=log_file, cwd=ROOT, env=env)
-        wait_worker_ready(w.web_port, pid, log_file, timeout_s=timeout_s, what=f"{w.name} ready")
+        wait_worker_ready(
+            w.web_port, pid, log_file, timeout_s=timeout_s, what=f"{w.name} ready", key="ready"
+        )
 
     def stop_worker(self, w: WorkerSpec) -> bool:
         return procs.stop_pid(self._worker_dir(w) / "worker.pid", timeout_s=30.0)
@@ -341,6 +351,7 @@ class Stack:
             workers[w.name] = {
                 "running": alive,
                 "health": worker_health(w.web_port) if alive else None,
+                "metrics": f"http://127.0.0.1:{w.web_port}/metrics",
             }
         gateways = {
             g.name: {

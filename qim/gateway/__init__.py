@@ -5,6 +5,10 @@ Layers, pure first:
 * ``states`` / ``session`` / ``login`` / ``actions``: one connection as a sans-I/O object
   (bytes and time in, actions out), its lifecycle as a transition table; ``sync_barrier``:
   the login-sync barrier of a session (served ranges, SYNC_COMPLETE -> ONLINE_READY, §9.3.4);
+* ``session_push`` (a session's online pushes: raw PUSH_EVENTS out, ledger drained only
+  when bytes left the socket, 11.3), ``sendbuf`` (what is really pending in a send buffer),
+  ``budget`` (the node's send-buffer budget, 11.3.3), ``push_delivery`` (a PushBatch onto
+  the sockets, shared body encoded once, 10.3);
 * ``outbound`` (stream scheduling), ``devices`` (replacement, device cap), ``admission``
   (per-IP rate), ``wheel`` (lazy timeouts), ``presence`` (the PresenceEntry record),
   ``windows`` (windowed metrics): pure rules, time as an argument;
@@ -13,7 +17,7 @@ Layers, pure first:
 * ``connection``, ``ws``, ``tcp``, ``listeners``, ``node``, ``logins``, ``presence_writer``,
   ``forwarder`` (requests to Kafka), ``router`` (ConversationRouter: requests out, replies in),
   ``mailbox_requests`` (login sync's user requests to the MailboxNode, its replies back),
-  ``metrics``, ``routing_metrics``, ``cli``: the thin I/O around them.
+  ``metrics``, ``push_metrics``, ``routing_metrics``, ``cli``: the thin I/O around them.
 
 ``ownership`` (Kafka group ownership of ConnectionShards) plugs into the ``Ownership`` seam.
 """

@@ -11,8 +11,18 @@ from enum import Enum
 
 from qim.gateway.ports import AuthRequest
 from qim.schemas.frames import PROTOCOL_VERSION, Body, Frame, MailboxCursor
+from qim.schemas.records.push import FramePriority
 
-__all__ = ["Action", "Authenticate", "Close", "CloseReason", "Count", "Forward", "Send"]
+__all__ = [
+    "Action",
+    "Authenticate",
+    "Close",
+    "CloseReason",
+    "Count",
+    "Forward",
+    "Send",
+    "SendPush",
+]
 
 
 class CloseReason(Enum):
@@ -40,6 +50,20 @@ class Send:
     body: Body
     request_id: int = 0
     stream: int | None = None
+    version: int = PROTOCOL_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class SendPush:
+    """A PUSH_EVENTS body already in wire form: spliced from the PushBatch's once-encoded
+    bytes (10.3, 11.1.1 "zero copy"), so only the frame header is built for this socket.
+    Written on stream 1; the connection reports ``ledger_bytes`` back once the frame has
+    left the socket buffer (11.3: the level is what is really pending)."""
+
+    body: bytes
+    ledger_bytes: int
+    priority: FramePriority
+    mailbox_seq: int
     version: int = PROTOCOL_VERSION
 
 
@@ -79,4 +103,4 @@ class Count:
     label: str = ""
 
 
-Action = Send | Close | Authenticate | Forward | Count
+Action = Send | SendPush | Close | Authenticate | Forward | Count

@@ -24,6 +24,7 @@ from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
 from qim.gateway.node import ConnectionNode
 from qim.gateway.ports import Authenticator, OwnAll, Ownership
+from qim.observability.logging import configure as configure_logging
 from qim.params import Settings
 
 __all__ = ["gateway", "run_gateway", "serve_gateway"]
@@ -159,7 +160,8 @@ def gateway(
     mailbox_sync: bool,
 ) -> None:
     """Run a ConnectionNode: WebSocket and TLS/TCP (ALPN qim/1) listeners, /metrics."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    if not configure_logging(f"gateway:{node_id}"):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
         config = GatewayConfig(
             node_id=node_id,

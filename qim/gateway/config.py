@@ -11,6 +11,7 @@ import ipaddress
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from qim.core.push import FlowLimits
 from qim.gateway.session import SessionConfig
 from qim.params import Settings
 from qim.schemas.frames import HEADER_SIZE, Limits
@@ -64,6 +65,11 @@ class GatewayConfig:
     wheel_tick_ms: int | None = None
     presence_lease_renew_ms: int | None = None
     close_flush_timeout_ms: int = 2_000
+    # Flow control (11.3): SO_SNDBUF of accepted sockets (None: the kernel's default). Kept
+    # small, the measured send buffer tracks the client and stream 0 is not stuck behind
+    # kernel-held push bytes (C11); not an Appendix B parameter.
+    socket_send_buffer_bytes: int | None = None
+    drain_poll_ms: int = 50  # how often a connection with pending pushes re-reads its buffer
 
     def __post_init__(self) -> None:
         tls = self.certfile is not None and self.keyfile is not None
@@ -113,6 +119,7 @@ class GatewayConfig:
                 rtc_signal_max_bytes=s.rtc_signal_max_bytes,
                 presence_sub_max_targets=s.presence_sub_max_targets,
             ),
+            flow=FlowLimits.from_settings(s),
         )
 
     @property

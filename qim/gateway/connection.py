@@ -7,6 +7,15 @@ device registry, presence, metrics) goes through :class:`ConnectionHooks`.
 Closing: a Close action marks the connection closing and wakes the writer, which writes what
 is queued (the ERROR / KICKED / REDIRECT that explains the close) for at most
 ``close_flush_timeout_ms``, then closes the transport; the driver's read loop then ends.
+
+Flow control (11.3): a PUSH_EVENTS stays on the session's ledger until the writer *measures*
+that its last byte left the transport's buffer (:class:`~qim.gateway.sendbuf.InFlight`), so
+a client that stops reading drives the level to the soft watermark (DEGRADED: the queued push
+frames are purged, MAILBOX_DIRTY is signalled) and, with no consumption for ``idle_timeout``,
+to CLOSING. While pushes are pending the writer re-measures every ``drain_poll_ms``, also
+while a ``send`` is blocked on a full buffer. Stream 0 keeps strict priority in the queue and
+the purge never touches it (I-25). Each change of the buffered octets is reported to the
+node's :class:`~qim.gateway.budget.NodeSendBudget` (11.3.3).
 """
 
 from __future__ import annotations
@@ -17,20 +26,37 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Protocol
 
-from qim.gateway.actions import Action, Authenticate, Close, CloseReason, Count, Forward, Send
-from qim.gateway.outbound import OutboundQueue
+from qim.core.push import ConnectionLoad, FlowState
+from qim.gateway.actions import (
+    Action,
+    Authenticate,
+    Close,
+    CloseReason,
+    Count,
+    Forward,
+    Send,
+    SendPush,
+)
+from qim.gateway.budget import NodeSendBudget
+from qim.gateway.outbound import OutboundQueue, PushTag
+from qim.gateway.sendbuf import InFlight, push_pieces
 from qim.gateway.session import Session
 from qim.schemas.frames import DEFAULT_CHUNK_BYTES, Frame, Stream, encode_fragments, spec_for_model
 
 __all__ = ["Connection", "ConnectionHooks", "Transport"]
 
 log = logging.getLogger(__name__)
+DEFAULT_DRAIN_POLL_MS = 50
 
 
 class Transport(Protocol):
     """A byte pipe: WebSocket (one frame piece per message) or TLS/TCP (a byte stream)."""
 
     async def send(self, pieces: list[bytes]) -> None: ...
+
+    def buffered_bytes(self) -> int:
+        """Octets handed to ``send`` that are still in the transport's own buffer."""
+        ...
 
     async def close(self) -> None: ...
 
@@ -66,25 +92,37 @@ class Connection:
         chunk_bytes: int = DEFAULT_CHUNK_BYTES,
         hard_watermark_bytes: int = 4 * 1024 * 1024,
         close_flush_timeout_ms: int = 2_000,
+        budget: NodeSendBudget | None = None,
+        drain_poll_ms: int = DEFAULT_DRAIN_POLL_MS,
     ) -> None:
         self.conn_id = conn_id
         self.session = session
         self.transport = transport
         self.peer_ip = peer_ip
         self.outbound = OutboundQueue()
+        self.inflight = InFlight()
         self.scheduled_ms: int | None = None  # the timing-wheel deadline it sits at
         self._hooks = hooks
         self._clock_ms = clock_ms
         self._chunk = chunk_bytes
         self._hard = hard_watermark_bytes
         self._flush_timeout = close_flush_timeout_ms / 1000
+        self._poll = drain_poll_ms / 1000
+        self._budget = budget
         self._wakeup = asyncio.Event()
         self._closing = False
         self._writer: asyncio.Task[None] | None = None
+        self._flow_seen: FlowState | None = None
+        self._consumed_ms = clock_ms()  # last time the socket took bytes (or had none)
 
     @property
     def closing(self) -> bool:
         return self._closing
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Everything not yet out of the transport: queued pieces + its buffer (11.3.3)."""
+        return self.outbound.buffered_bytes + self.inflight.buffered
 
     def __repr__(self) -> str:
         return f"<Connection {self.conn_id} {self.session.state.name} {self.peer_ip}>"
@@ -113,7 +151,9 @@ class Connection:
     def apply(self, actions: list[Action]) -> None:
         """Perform the session's actions in order."""
         for action in actions:
-            if isinstance(action, Send):
+            if isinstance(action, SendPush):
+                self._enqueue_push(action)
+            elif isinstance(action, Send):
                 self._enqueue(action)
             elif isinstance(action, Close):
                 self._begin_close(action.reason)
@@ -123,6 +163,7 @@ class Connection:
                 self._hooks.forward(self, action.frame)
             else:
                 self._hooks.count(self, action)
+        self._check_flow()
         if actions and not self.session.closed:
             self._hooks.activity(self)
 
@@ -137,33 +178,124 @@ class Connection:
             max_frame_bytes=self.session.config.limits.max_frame_bytes,
         )
         self.outbound.push(pieces, stream)
-        self._wakeup.set()
-        if stream != Stream.CONTROL and self.outbound.buffered_bytes > self._hard:
+        self._queued()
+        if stream != Stream.CONTROL and self.buffered_bytes > self._hard:
             self.apply(self.session.shutdown(CloseReason.SLOW_CONSUMER, self._clock_ms()))
+
+    def _enqueue_push(self, push: SendPush) -> None:
+        """The spliced body as is, behind this socket's own header (10.3)."""
+        pieces = push_pieces(
+            push.body,
+            version=push.version,
+            chunk_bytes=self._chunk,
+            max_frame_bytes=self.session.config.limits.max_frame_bytes,
+        )
+        tag = PushTag(push.ledger_bytes, sum(len(p) for p in pieces), push.priority)
+        if not self._pushes_pending():  # the no-consumption clock starts with a backlog
+            self._consumed_ms = self._clock_ms()
+        self.outbound.push(pieces, Stream.REALTIME, tag)
+        self._queued()
+
+    def _queued(self) -> None:
+        self._wakeup.set()
+        self._report_load()
 
     def _begin_close(self, reason: CloseReason) -> None:
         if self._closing:
             return
         self._closing = True
+        self.outbound.purge_pushes()  # the next session's sync covers them (11.3.1)
         self._wakeup.set()
         self._hooks.closing(self, reason)
+
+    # -- flow control (11.3) ------------------------------------------------------------------
+
+    def _check_flow(self) -> None:
+        """React once to each flow-state change, however deeply ``apply`` nested."""
+        state, before = self.session.flow_state, self._flow_seen
+        if state is before:
+            return
+        self._flow_seen = state
+        if state is None or before is None:  # AUTH_OK: NORMAL is where it starts
+            return
+        self._hooks.count(self, Count("flow", state.value))
+        if state is FlowState.DEGRADED:  # drop the pending real-time queue, keep a flag
+            tags = self.outbound.purge_pushes()
+            self.session.push_purged(sum(t.ledger_bytes for t in tags), len(tags))
+            self._report_load()
+
+    def _measure(self) -> None:
+        """Read the transport's buffer: drain the frames that left, or detect a stall."""
+        before = self.inflight.left
+        gone = self.inflight.measure(self.transport.buffered_bytes())
+        now = self._clock_ms()
+        if self.inflight.left > before or not self._pushes_pending():
+            self._consumed_ms = now
+        if gone:
+            ledger = sum(t.ledger_bytes for t in gone)
+            self.apply(self.session.push_drained(ledger, len(gone), now))
+        elif now - self._consumed_ms >= self.session.config.idle_timeout_ms:
+            self.apply(self.session.push_idle(now))  # 11.3.1: no consumption -> CLOSING
+        self._report_load()
+
+    def _pushes_pending(self) -> bool:
+        return bool(self.inflight) or self.outbound.queued_pushes > 0
+
+    def _report_load(self) -> None:
+        if self._budget is not None:
+            self._budget.update(self, self.buffered_bytes)
+
+    # -- the node budget's side (BudgetMember) ---------------------------------------------------
+
+    def send_load(self) -> ConnectionLoad:
+        large = small = 0
+        for tag in self.outbound.push_tags():
+            if tag.priority == "large_group":
+                large += tag.wire_bytes
+            elif tag.priority == "small_group":
+                small += tag.wire_bytes
+        return ConnectionLoad(
+            self.conn_id, self.buffered_bytes, large_group_bytes=large, small_group_bytes=small
+        )
+
+    def shed_pushes(self, classes: frozenset[str]) -> None:
+        """11.3.3 steps 2-3: drop these classes' queued pushes and go DEGRADED + dirty."""
+        tags = self.outbound.purge_pushes(lambda t: t.priority in classes)
+        for tag in tags:
+            self._hooks.count(self, Count("push_drop", tag.priority))
+        ledger = sum(t.ledger_bytes for t in tags)
+        if self.session.flow_state is FlowState.NORMAL:
+            self._hooks.count(self, Count("flow", FlowState.DEGRADED.value))
+        self._flow_seen = FlowState.DEGRADED  # already purged: no second purge
+        self.apply(self.session.push_over_budget(ledger, len(tags), self._clock_ms()))
+        self._report_load()
+
+    def close_over_budget(self) -> None:
+        """11.3.3 step 5: close, largest buffers first (the budget chose us)."""
+        self._hooks.count(self, Count("slow_connection_closed", "node_send_buffer_budget"))
+        now = self._clock_ms()
+        self.apply(self.session.shutdown(CloseReason.SLOW_CONSUMER, now, "node budget"))
 
     # -- writer -----------------------------------------------------------------------------------
 
     async def _write_loop(self) -> None:
         try:
             while True:
-                batch = self.outbound.pop_batch(self._chunk)
+                batch = self.outbound.pop_written(self._chunk)
                 if batch:
-                    if self._closing:
-                        await asyncio.wait_for(self.transport.send(batch), self._flush_timeout)
-                    else:
-                        await self.transport.send(batch)
+                    self.inflight.wrote(batch)
+                    await self._send([piece for piece, _ in batch])
+                    self._measure()
                     continue
                 if self._closing:
                     break
                 self._wakeup.clear()
-                await self._wakeup.wait()
+                if self._pushes_pending():  # bytes in the transport: watch them leave
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wakeup.wait(), self._poll)
+                    self._measure()
+                else:
+                    await self._wakeup.wait()
         except (ConnectionError, OSError, TimeoutError) as exc:
             log.debug("%r write ended: %r", self, exc)
             self.apply(self.session.peer_closed(self._clock_ms()))
@@ -172,6 +304,31 @@ class Connection:
             self.apply(self.session.peer_closed(self._clock_ms()))
         finally:
             self.outbound.clear()
+            if self._budget is not None:
+                self._budget.remove(self)
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(self.transport.close(), self._flush_timeout)
             self._hooks.finished(self)
+
+    async def _send(self, pieces: list[bytes]) -> None:
+        """``transport.send``, measuring while it waits for a full buffer to drain; once
+        closing, bounded by ``close_flush_timeout_ms``."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.ensure_future(self.transport.send(pieces))
+        deadline: float | None = None
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self._poll)
+                if done:
+                    task.result()
+                    return
+                self._measure()
+                if self._closing:
+                    deadline = deadline or loop.time() + self._flush_timeout
+                    if loop.time() >= deadline:
+                        raise TimeoutError("close flush timed out")
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task

@@ -1,5 +1,6 @@
-"""ConnectionNode metrics: the names of §24.1.1 (connection and auth) and §24.1.7 (heartbeat)
-verbatim, in a per-node ``CollectorRegistry`` so several nodes can share one process.
+"""ConnectionNode metrics: the names of §24.1.1 (connection and auth), §24.1.6 (online push,
+``push_metrics.py``) and §24.1.7 (heartbeat) verbatim, in a per-node ``CollectorRegistry`` so
+several nodes can share one process.
 
 Two kinds of series:
 
@@ -26,6 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from qim.gateway.push_metrics import PushMetrics, SendQueue
 from qim.gateway.windows import WindowedCounter, WindowedQuantile
 
 __all__ = ["GatewayMetrics"]
@@ -88,11 +90,13 @@ class GatewayMetrics:
         online_count: Callable[[], int],
         unauth_count: Callable[[], int],
         registry: CollectorRegistry | None = None,
+        send_queues: Callable[[], list[SendQueue]] = list,
     ) -> None:
         self.registry = registry or CollectorRegistry()
         self.clock_ms = clock_ms
         self.online_count = online_count
         r = self.registry
+        self.push = PushMetrics(r, clock_ms=clock_ms, send_queues=send_queues)
         Gauge("connections_online", "online (authenticated) connections per node", ["node"],
               registry=r).labels(node=node_id).set_function(online_count)  # fmt: skip
         Gauge("unauth_connection_count", "connections established, AUTH not completed",
@@ -170,6 +174,8 @@ class GatewayMetrics:
 
     def on_count(self, name: str, label: str) -> None:
         """``Count`` actions of the session."""
+        if self.push.on_count(name, label):
+            return
         if name == "unknown_opcode_dropped":
             self.unknown_opcodes.inc()
         elif name == "protocol_error":

@@ -19,8 +19,10 @@ import time
 from collections.abc import Callable
 from itertools import count
 
+from qim.core.push import BudgetDecision, FlowState
 from qim.gateway.actions import Authenticate, CloseReason, Count
 from qim.gateway.admission import ConnectAdmission, Refusal
+from qim.gateway.budget import NodeSendBudget, available_memory_bytes
 from qim.gateway.config import GatewayConfig
 from qim.gateway.connection import Connection, Transport
 from qim.gateway.devices import DeviceRegistry
@@ -30,6 +32,7 @@ from qim.gateway.logins import LoginFlow, jittered
 from qim.gateway.metrics import GatewayMetrics
 from qim.gateway.ports import Authenticator, OwnAll, Ownership, PresenceSink
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
+from qim.gateway.push_metrics import SendQueue
 from qim.gateway.router import ConversationRouter, ReplySource, build_router
 from qim.gateway.session import Session
 from qim.gateway.states import ConnState
@@ -89,6 +92,12 @@ class ConnectionNode:
             clock_ms=clock_ms,
             online_count=lambda: len(self.registry),
             unauth_count=self._unauth_count,
+            send_queues=self._send_queues,
+        )
+        self.send_budget = NodeSendBudget(  # 11.3.3: the sum of every socket's send buffer
+            config.settings.node_send_buffer_budget.resolve(available_memory_bytes()),
+            clock_ms,
+            on_decision=self._budget_decision,
         )
         self.logins = LoginFlow(
             config, authenticator, self.ownership, self.registry, self.presence,
@@ -102,6 +111,7 @@ class ConnectionNode:
             )  # fmt: skip
             self.logins.mailbox = self.router.mailbox  # login sync (``mailbox_sync``)
             self.router.connections = self.connections  # PushBatch expansion
+            self.router.push_metrics = self.metrics.push
         if frame_handler is None and self.router is not None:
             frame_handler = self.router.handle
         self.frame_handler = frame_handler
@@ -183,6 +193,8 @@ class ConnectionNode:
             chunk_bytes=int(self.config.settings.stream_write_chunk_bytes),
             hard_watermark_bytes=self.config.settings.conn_send_hard_watermark.bytes,
             close_flush_timeout_ms=self.config.close_flush_timeout_ms,
+            budget=self.send_budget,
+            drain_poll_ms=self.config.drain_poll_ms,
         )  # fmt: skip
         self.connections[conn_id] = conn
         self.drained.clear()
@@ -252,6 +264,16 @@ class ConnectionNode:
             self.drained.set()
 
     # -- internals --------------------------------------------------------------------------------
+
+    def _send_queues(self) -> list[SendQueue]:
+        degraded = FlowState.DEGRADED
+        conns = list(self.connections.values())
+        return [(c.buffered_bytes, c.session.flow_state is degraded) for c in conns]
+
+    def _budget_decision(self, decision: BudgetDecision) -> None:
+        for step in decision.steps:
+            self.metrics.on_count("budget_step", str(step))
+        log.warning("node send buffers over budget: %s", decision)
 
     def _unauth_count(self) -> int:
         waiting = (ConnState.AWAITING_AUTH, ConnState.AUTHENTICATING)

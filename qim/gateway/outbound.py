@@ -16,18 +16,26 @@ client's probe and starts a reconnect loop (§15.4.2). So:
   never interleave with another frame of the *same* stream (§15.4.3); the decoder reassembles
   per stream.
 
+PUSH_EVENTS frames carry a :class:`PushTag` (their ledger charge and priority class, 11.3):
+the writer reports a tag when the frame's last piece has left the socket, and
+:meth:`OutboundQueue.purge_pushes` drops the tagged frames not yet started -- the "pending
+real-time queue" that DEGRADED and the node budget drop (11.3.1, 11.3.3, C11). A frame whose
+first piece is already written is never cut: the receiver would be left with half a frame.
+
 Pure: no asyncio. The connection's writer task pops and writes.
 """
 
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Mapping, Sequence
-from typing import Final
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final, TypeAlias
 
 from qim.schemas.frames import Stream
+from qim.schemas.records.push import FramePriority
 
-__all__ = ["DEFAULT_STREAM_WEIGHTS", "OutboundQueue"]
+__all__ = ["DEFAULT_STREAM_WEIGHTS", "OutboundQueue", "PushTag", "Written"]
 
 DEFAULT_STREAM_WEIGHTS: Final[Mapping[int, int]] = {
     Stream.REALTIME: 4,
@@ -36,16 +44,37 @@ DEFAULT_STREAM_WEIGHTS: Final[Mapping[int, int]] = {
 }
 
 
+@dataclass(eq=False, slots=True)
+class PushTag:
+    """One queued PUSH_EVENTS frame: identity by object, one per frame."""
+
+    ledger_bytes: int  # what ConnectionPush charged for it (PendingPush.ledger_bytes)
+    wire_bytes: int  # headers + body, all pieces
+    priority: FramePriority
+
+
+_Item: TypeAlias = tuple[bytes, PushTag | None, bool]  # piece, its frame's tag, last piece
+Written: TypeAlias = tuple[bytes, PushTag | None]
+"""A piece to write and, on the last piece of a push frame, that frame's tag."""
+
+
 class OutboundQueue:
     """Pieces waiting to be written, one FIFO per stream; ``pop`` picks the next by priority."""
 
     def __init__(self, weights: Mapping[int, int] = DEFAULT_STREAM_WEIGHTS) -> None:
         self._weights = dict(weights)
-        self._queues: dict[int, deque[bytes]] = {Stream.CONTROL: deque()}
+        self._queues: dict[int, deque[_Item]] = {Stream.CONTROL: deque()}
+        self._started: dict[int, PushTag] = {}  # stream -> push frame partly written
         self._turn = Stream.CONTROL
         self._credit = 0
         self._bytes = 0
         self._pieces = 0
+        self._push_frames = 0
+
+    @property
+    def queued_pushes(self) -> int:
+        """Push frames whose last piece is not written yet."""
+        return self._push_frames
 
     @property
     def buffered_bytes(self) -> int:
@@ -55,20 +84,85 @@ class OutboundQueue:
     def __len__(self) -> int:
         return self._pieces
 
-    def push(self, pieces: Sequence[bytes], stream: int) -> None:
-        """Queue the pieces of one frame on ``stream``, in order."""
+    def push(self, pieces: Sequence[bytes], stream: int, tag: PushTag | None = None) -> None:
+        """Queue the pieces of one frame on ``stream``, in order; ``tag`` marks a push frame."""
         queue = self._queues.get(stream)
         if queue is None:
             queue = self._queues[stream] = deque()
-        queue.extend(pieces)
+        last = len(pieces) - 1
+        queue.extend((piece, tag, i == last) for i, piece in enumerate(pieces))
+        if tag is not None:
+            self._push_frames += 1
         self._bytes += sum(len(p) for p in pieces)
         self._pieces += len(pieces)
 
     def pop(self) -> bytes | None:
         """The next piece to write, or None when everything is written."""
+        item = self._pop_item()
+        return None if item is None else item[0]
+
+    def pop_batch(self, max_bytes: int) -> list[bytes]:
+        """Pieces in write order, up to ``max_bytes`` (at least one): one syscall's worth."""
+        return [piece for piece, _ in self.pop_written(max_bytes)]
+
+    def pop_written(self, max_bytes: int) -> list[Written]:
+        """Like :meth:`pop_batch`, with the tag of each push frame completed by a piece.
+
+        Priority still holds at the next call: a control frame queued meanwhile goes first.
+        """
+        batch: list[Written] = []
+        size = 0
+        while size < max_bytes:
+            item = self._pop_item()
+            if item is None:
+                break
+            batch.append((item[0], item[1]))
+            size += len(item[0])
+        return batch
+
+    def push_tags(self) -> list[PushTag]:
+        """The push frames not yet started (what :meth:`purge_pushes` would drop)."""
+        return self._droppable(lambda _: True)
+
+    def purge_pushes(self, which: Callable[[PushTag], bool] = lambda _: True) -> list[PushTag]:
+        """Drop the queued push frames matching ``which`` that have no piece written yet."""
+        dropped = list(self._droppable(which))
+        if not dropped:
+            return dropped
+        gone = {id(tag) for tag in dropped}
+        for queue in self._queues.values():
+            kept = [item for item in queue if item[1] is None or id(item[1]) not in gone]
+            for piece, tag, _ in queue:
+                if tag is not None and id(tag) in gone:
+                    self._bytes -= len(piece)
+                    self._pieces -= 1
+            queue.clear()
+            queue.extend(kept)
+        self._push_frames -= len(dropped)
+        return dropped
+
+    def clear(self) -> None:
+        """Drop everything queued (connection gone)."""
+        for queue in self._queues.values():
+            queue.clear()
+        self._started.clear()
+        self._bytes = self._pieces = self._push_frames = 0
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _droppable(self, which: Callable[[PushTag], bool]) -> list[PushTag]:
+        seen: dict[int, PushTag] = {}
+        for stream, queue in self._queues.items():
+            started = self._started.get(stream)
+            for _, tag, _ in queue:
+                if tag is not None and tag is not started and which(tag):
+                    seen.setdefault(id(tag), tag)
+        return list(seen.values())
+
+    def _pop_item(self) -> _Item | None:
         control = self._queues[Stream.CONTROL]
         if control:
-            return self._take(control)
+            return self._take(Stream.CONTROL, control)
         queue = self._queues.get(self._turn)
         if self._credit <= 0 or not queue or self._turn == Stream.CONTROL:
             nxt = self._next_stream()
@@ -77,34 +171,20 @@ class OutboundQueue:
             self._turn, self._credit = nxt, self._weights.get(nxt, 1)
             queue = self._queues[nxt]
         self._credit -= 1
-        return self._take(queue)
+        return self._take(self._turn, queue)
 
-    def pop_batch(self, max_bytes: int) -> list[bytes]:
-        """Pieces in write order, up to ``max_bytes`` (at least one): one syscall's worth.
-
-        Priority still holds at the next call: a control frame queued meanwhile goes first.
-        """
-        batch: list[bytes] = []
-        size = 0
-        while size < max_bytes:
-            piece = self.pop()
-            if piece is None:
-                break
-            batch.append(piece)
-            size += len(piece)
-        return batch
-
-    def clear(self) -> None:
-        """Drop everything queued (connection gone)."""
-        for queue in self._queues.values():
-            queue.clear()
-        self._bytes = self._pieces = 0
-
-    def _take(self, queue: deque[bytes]) -> bytes:
-        piece = queue.popleft()
+    def _take(self, stream: int, queue: deque[_Item]) -> _Item:
+        item = queue.popleft()
+        piece, tag, last = item
+        if tag is not None:
+            if last:
+                self._started.pop(stream, None)
+                self._push_frames -= 1
+            else:
+                self._started[stream] = tag
         self._bytes -= len(piece)
         self._pieces -= 1
-        return piece
+        return (piece, tag if last else None, last)
 
     def _next_stream(self) -> int | None:
         active = sorted(s for s, q in self._queues.items() if q and s != Stream.CONTROL)

@@ -42,16 +42,18 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import msgspec
 from prometheus_client import CollectorRegistry
 
-from qim.core.push import expand_batch
 from qim.gateway.actions import Send
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
 from qim.gateway.logins import jittered
 from qim.gateway.mailbox_requests import MailboxRequests
 from qim.gateway.ports import AuthGrant
+from qim.gateway.push_delivery import deliver_push_batch
+from qim.gateway.push_metrics import PushMetrics
 from qim.gateway.replies import ReplyVerdict, reply_send, resolve_reply
 from qim.gateway.routing import Routed, request_kind, route_frame
 from qim.gateway.routing_metrics import RoutingMetrics
+from qim.observability.logging import trace
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, for_code
 from qim.schemas.records.push import (
     PresenceStale,
@@ -154,6 +156,7 @@ class ConversationRouter:
         self._pump: asyncio.Task[None] | None = None
         self.mailbox: MailboxRequests | None = None  # login sync, when the node has it on
         self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
+        self.push_metrics: PushMetrics | None = None  # the node's (24.1.6, body_encode_count)
         self.metrics = RoutingMetrics(
             metrics_registry,
             clock_ms=clock_ms,
@@ -277,6 +280,14 @@ class ConversationRouter:
         kind = entry.kind if entry is not None else ("send" if reply.send_ack else "unknown")
         error = None if reply.error is None else for_code(reply.error.code).name
         self.metrics.on_reply(kind, latency, ack=reply.send_ack is not None, error=error)
+        ack = reply.send_ack
+        if ack is not None:  # 24.2: the sender's side of the message's trace
+            trace(
+                log, "SEND_ACK written", stage="acked", message_id=ack.message_id,
+                client_message_id=ack.client_message_id, tenant_id=reply.tenant_id,
+                user_id=reply.user_id, device_id=reply.device_id,
+                connection_shard=reply.connection_shard,
+            )  # fmt: skip
         return resolved.verdict
 
     def push(self, value: bytes) -> ReplyVerdict:
@@ -287,11 +298,8 @@ class ConversationRouter:
             return ReplyVerdict.MALFORMED
         if not isinstance(batch, PushBatch):
             return ReplyVerdict.MALFORMED
-        expansion = expand_batch(batch, _LiveGrants(self.connections))
-        now = self._clock_ms()
-        for delivery in expansion.deliveries:
-            conn = self.connections[delivery.connection_id]
-            conn.apply(conn.session.push(delivery.pending, now))
+        live, now = _LiveGrants(self.connections), self._clock_ms()
+        expansion = deliver_push_batch(batch, live, self.connections, now, self.push_metrics)
         for stale in expansion.stale:
             self._report_stale(stale)
         return ReplyVerdict.DELIVER if expansion.deliveries else ReplyVerdict.NO_SESSION

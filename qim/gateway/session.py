@@ -24,31 +24,25 @@ Rules and where they come from:
   SYNC_COMPLETE itself (§9.3.4); without it SYNC_COMPLETE is forwarded like any frame;
 * online pushes (§9.4, §11.1.1): AUTH_OK creates the session's
   :class:`~qim.core.push.ConnectionPush` at ``sync_to_seq``; :meth:`Session.push` feeds it one
-  expanded delivery. Its WritePush becomes PUSH_EVENTS on stream 1, SignalDirty one
-  ERROR{MAILBOX_DIRTY}, CloseConnection a SLOW_CONSUMER close. Pushes above ``sync_to_seq`` wait
-  for ONLINE_READY (the sync barrier's release calls ``ConnectionPush.sync_complete``); a
-  session without login sync is released at AUTH_OK. PONG reports ``ConnectionPush.pong()``.
+  expanded delivery (:mod:`~qim.gateway.session_push`: raw PUSH_EVENTS bytes on stream 1, the
+  ledger drained only when the driver sees them leave the socket, 11.3). Pushes above
+  ``sync_to_seq`` wait for ONLINE_READY (the sync barrier's release calls
+  ``ConnectionPush.sync_complete``); a session without login sync is released at AUTH_OK.
+  PONG reports ``ConnectionPush.pong()``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 
-from qim.core.push import (
-    BarrierState,
-    CloseConnection,
-    ConnectionPush,
-    IllegalTransition,
-    PendingPush,
-    PushAction,
-    SignalDirty,
-)
+from qim.core.push import DEFAULT_FLOW_LIMITS, ConnectionPush, FlowLimits
 from qim.gateway.actions import Action, Authenticate, Close, CloseReason, Count, Forward, Send
 from qim.gateway.login import auth_request, check_credentials, upgrade_required
 from qim.gateway.ports import AuthGrant
+from qim.gateway.session_push import SessionPushes
 from qim.gateway.states import ConnState, ConnStateMachine, Event
 from qim.gateway.sync_barrier import LoginBarrier
 from qim.schemas.frames import (
@@ -67,10 +61,8 @@ from qim.schemas.frames import (
     Ping,
     Pong,
     ProtocolError,
-    PushEvents,
     Redirect,
     Role,
-    Stream,
     SyncComplete,
     UnknownFrame,
     negotiate_version,
@@ -78,9 +70,6 @@ from qim.schemas.frames import (
 from qim.schemas.records.user_requests import AuthSyncResult
 
 __all__ = ["Session", "SessionConfig"]
-
-_ONLINE: Final = (ConnState.ONLINE, ConnState.RENEWING)
-_PUSH_EVENTS: Final = msgspec.msgpack.Decoder(PushEvents)
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,9 +82,10 @@ class SessionConfig:
     frag_assembly_timeout_ms: int = 30_000  # B.5: an unfinished reassembly is dropped + closed
     limits: Limits = DEFAULT_LIMITS
     server_versions: tuple[int, ...] = SUPPORTED_VERSIONS
+    flow: FlowLimits = DEFAULT_FLOW_LIMITS  # conn_send_{soft,hard,low}_watermark (B.5, 11.3)
 
 
-class Session:
+class Session(SessionPushes):
     """Protocol state of one connection; every method takes ``now_ms`` (epoch ms)."""
 
     def __init__(self, config: SessionConfig, *, now_ms: int, peer: str = "") -> None:
@@ -231,7 +221,7 @@ class Session:
             if sync is not None:
                 self.sync, self.lane_id = LoginBarrier(sync), sync.lane_id
                 self.last_pushed_user_seq = sync.sync_to_seq
-            self.pushes = ConnectionPush(self.last_pushed_user_seq)
+            self.pushes = ConnectionPush(self.last_pushed_user_seq, limits=self.config.flow)
             if self.sync is None:  # nothing to sync: realtime pushes flow at once
                 self.pushes.sync_complete()
         self.last_active_ms = now_ms
@@ -298,45 +288,7 @@ class Session:
             return []
         return self._close(reason, detail)
 
-    def push(self, pending: PendingPush, now_ms: int) -> list[Action]:
-        """One message's events for this connection (an expanded PushBatch delivery)."""
-        pushes = self.pushes
-        if pushes is None or self.closed or self._machine.state not in _ONLINE:
-            return []
-        try:
-            return self._push_actions(pushes.offer(pending), now_ms)
-        except IllegalTransition:  # the push state already closed
-            return []
-
     # -- internals ----------------------------------------------------------------------------
-
-    def _release_pushes(self) -> list[Action]:
-        """After ONLINE_READY went out: the pushes queued behind the barrier, in order."""
-        pushes = self.pushes
-        if pushes is None or self.sync is None or not self.sync.released:
-            return []
-        if pushes.barrier.state is not BarrierState.SYNCING:  # a repeated SYNC_COMPLETE
-            return []
-        return self._push_actions(pushes.sync_complete(), self.last_active_ms)
-
-    def _push_actions(self, pushed: list[PushAction], now_ms: int) -> list[Action]:
-        pushes = self.pushes
-        assert pushes is not None
-        actions: list[Action] = []
-        for action in pushed:
-            if isinstance(action, SignalDirty):
-                actions.append(Send(action.error, version=self.version))
-            elif isinstance(action, CloseConnection):
-                actions += self.shutdown(CloseReason.SLOW_CONSUMER, now_ms, action.reason)
-            else:
-                self.last_pushed_user_seq = max(self.last_pushed_user_seq, action.mailbox_seq)
-                body = _PUSH_EVENTS.decode(action.body)
-                actions.append(Send(body, stream=Stream.REALTIME, version=self.version))
-                # The socket's OutboundQueue is the send buffer that is actually bounded
-                # (conn hard watermark -> SLOW_CONSUMER): the frame leaves this ledger now.
-                actions += self._push_actions(pushes.drained(action.ledger_bytes, 1), now_ms)
-        self.mailbox_dirty = pushes.mailbox_dirty
-        return actions
 
     def _fire(self, event: Event) -> ConnState:
         return self._machine.fire(event)
@@ -398,10 +350,7 @@ class Session:
         if self.closed:
             return self._denied("first frame must be AUTH", frame.header.request_id)
         self.last_active_ms = now_ms
-        last_pushed, dirty = self.last_pushed_user_seq, self.mailbox_dirty
-        if self.pushes is not None:
-            last_pushed, dirty = self.pushes.pong()
-            self.mailbox_dirty = False
+        last_pushed, dirty, dirty_count = self._pong_fields()
         pong = Pong(
             ping_id=ping.ping_id,
             server_time=now_ms,
@@ -412,7 +361,8 @@ class Session:
             idle_timeout_ms=self.config.idle_timeout_ms,
         )
         counted = Count("ping_probe" if ping.probe else "ping")
-        return [counted, Send(pong, request_id=frame.header.request_id, version=self.version)]
+        sent = Send(pong, request_id=frame.header.request_id, version=self.version)
+        return [counted, *dirty_count, sent]
 
     def _auth(self, frame: Frame, auth: Auth, now_ms: int) -> list[Action]:
         rid = frame.header.request_id

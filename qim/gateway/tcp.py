@@ -3,7 +3,8 @@
 The socket is accepted in plain TCP, admitted per IP, and only then upgraded with
 ``start_tls``: a refused peer costs no TLS handshake and gets no app frame (§20.4.1). The
 handshake is bounded by ``unauth_connection_timeout`` (slowloris, §15.2.3). A peer that did not
-negotiate ``qim/1`` is closed.
+negotiate ``qim/1`` is closed. ``buffered_bytes`` reads the TLS transport's write buffer
+for flow control (11.3); ``socket_send_buffer_bytes`` caps the kernel's (C11).
 """
 
 from __future__ import annotations
@@ -11,7 +12,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from typing import TYPE_CHECKING
+import socket
+from typing import TYPE_CHECKING, Any
 
 from qim.gateway.connection import Connection
 from qim.gateway.tls import ALPN_QIM, server_context
@@ -19,10 +21,19 @@ from qim.gateway.tls import ALPN_QIM, server_context
 if TYPE_CHECKING:
     from qim.gateway.node import ConnectionNode
 
-__all__ = ["TcpTransport", "start_tcp_server"]
+__all__ = ["TcpTransport", "limit_send_buffer", "start_tcp_server"]
 
 log = logging.getLogger(__name__)
 _READ_BYTES = 64 * 1024
+
+
+def limit_send_buffer(sock: Any, size: int | None) -> None:
+    """``SO_SNDBUF`` of an accepted socket (11.3, C11): bytes the kernel holds are invisible to
+    flow control and sit in front of any later PONG, so a gateway may keep them few."""
+    if sock is None or size is None:
+        return
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
 
 class TcpTransport:
@@ -34,6 +45,10 @@ class TcpTransport:
     async def send(self, pieces: list[bytes]) -> None:
         self.writer.write(b"".join(pieces))
         await self.writer.drain()
+
+    def buffered_bytes(self) -> int:
+        """The (TLS) transport's write buffer: what ``drain`` has not pushed to the socket."""
+        return int(self.writer.transport.get_write_buffer_size())
 
     async def close(self) -> None:
         self.writer.close()
@@ -53,6 +68,7 @@ async def start_tcp_server(node: ConnectionNode) -> asyncio.Server:
         if not node.admit(peer):
             writer.transport.abort()
             return
+        limit_send_buffer(writer.get_extra_info("socket"), cfg.socket_send_buffer_bytes)
         try:
             await writer.start_tls(ctx, ssl_handshake_timeout=handshake_s)
             ssl_object = writer.get_extra_info("ssl_object")

@@ -4,6 +4,7 @@ Thin on purpose: admission at the HTTP upgrade, then bytes to the Connection. Th
 own keepalive pings and permessage-deflate are off: the protocol has PING/PONG with
 server-issued intervals (§15.1) and its own COMPRESSED flag (A.1). ``max_size`` is one frame
 of ``max_frame_bytes``; the decoder still judges ``body_len`` before decoding (§20.1).
+``buffered_bytes`` reads the transport's write buffer for flow control (11.3).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from websockets.http11 import Request, Response
 
 from qim.gateway.actions import CloseReason
 from qim.gateway.connection import Connection
+from qim.gateway.tcp import limit_send_buffer
 from qim.gateway.tls import ALPN_HTTP, server_context
 
 if TYPE_CHECKING:
@@ -37,6 +39,12 @@ class WsTransport:
                 await self.ws.send(piece)
         except ConnectionClosed as exc:
             raise ConnectionError(str(exc)) from None
+
+    def buffered_bytes(self) -> int:
+        """The asyncio transport's write buffer: ``send`` returns once it is under the
+        library's high-water mark, so this is what has not reached the socket yet."""
+        transport = self.ws.transport
+        return 0 if transport is None else int(transport.get_write_buffer_size())
 
     async def close(self) -> None:
         await self.ws.close()
@@ -61,6 +69,7 @@ async def start_ws_server(node: ConnectionNode) -> Server:
     async def handler(ws: ServerConnection) -> None:
         peer = _peer_ip(ws)
         node.acquire(peer)
+        limit_send_buffer(ws.transport.get_extra_info("socket"), cfg.socket_send_buffer_bytes)
         conn = node.attach(WsTransport(ws), peer)
 
         async def read(c: Connection) -> None:

@@ -29,6 +29,8 @@ from qim.tables.rocks import prefix_scan
 
 __all__ = ["DEFAULT_CAPS", "MailboxStore"]
 
+_ITER_SKIP: Final = "rocksdb.number.iter.skip "
+
 DEFAULT_CAPS: Final[Mapping[str, int]] = {
     "block_cache_size": 8 * 1024 * 1024,
     "write_buffer_size": 4 * 1024 * 1024,
@@ -48,6 +50,7 @@ def _options(caps: Mapping[str, Any], *, create: bool) -> rocksdict.Options:
     table.set_block_cache(rocksdict.Cache(int(merged["block_cache_size"])))
     table.set_bloom_filter(10, True)
     options.set_block_based_table_factory(table)
+    options.enable_statistics()
     return options
 
 
@@ -65,12 +68,14 @@ class MailboxStore:
         self.read_only = secondary_path is not None
         if secondary_path is None:
             path.parent.mkdir(parents=True, exist_ok=True)
-            self._db: Any = rocksdict.Rdict(str(path), options=_options(caps or {}, create=True))
+            self._options = _options(caps or {}, create=True)
+            self._db: Any = rocksdict.Rdict(str(path), options=self._options)
         else:
             secondary_path.mkdir(parents=True, exist_ok=True)
+            self._options = _options(caps or {}, create=False)
             self._db = rocksdict.Rdict(
                 str(path),
-                options=_options(caps or {}, create=False),
+                options=self._options,
                 access_type=rocksdict.AccessType.secondary(str(secondary_path)),
             )
         self.writes = 0
@@ -92,6 +97,18 @@ class MailboxStore:
     def scan(self, prefix: bytes, start_key: bytes, reverse: bool) -> Iterator[tuple[bytes, bytes]]:
         """Pairs under ``prefix`` from ``start_key`` (inclusive), lazily (``ports.KVReader``)."""
         yield from prefix_scan(self._db, prefix, start_key, reverse)
+
+    def internal_keys_skipped(self) -> int:
+        """RocksDB's ``rocksdb.number.iter.skip`` ticker: internal keys iterators stepped over
+        (tombstones and the versions they shadow). The read path takes its delta around one
+        request as ``tombstones_scanned`` (spec 26.0 observation points). Iterators report on
+        destruction, which ``prefix_scan`` does as soon as a scan ends."""
+        text: str = self._options.get_statistics() or ""
+        at = text.find(_ITER_SKIP)
+        if at < 0:
+            return 0
+        line = text[at + len(_ITER_SKIP) :].split("\n", 1)[0]
+        return int(line.rsplit(":", 1)[-1])
 
     # -- writes --------------------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import signal
 import sys
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -54,7 +54,15 @@ class GatewayProc:
         procs.stop_pid(self.pid_file, timeout_s=20)
 
 
-def start_gateway(stack: Stack, workdir: Path, name: str, group: str, keys: str) -> GatewayProc:
+def start_gateway(
+    stack: Stack,
+    workdir: Path,
+    name: str,
+    group: str,
+    keys: str,
+    extra_env: Mapping[str, str] | None = None,
+) -> GatewayProc:
+    """``extra_env`` overrides the defaults below (test_online_gateway_kill turns login sync on)."""
     port = procs.free_port()
     gw = GatewayProc(name, port, workdir / f"{name}.pid", workdir / f"{name}.log")
     argv = [
@@ -74,6 +82,7 @@ def start_gateway(stack: Stack, workdir: Path, name: str, group: str, keys: str)
         "QIM_MAILBOX_SYNC": "0",
         # Every test client comes from 127.0.0.1: lift the per-IP admission rate (20/s).
         "QIM_PER_IP_CONNECT_RATE": '{"count": 10000, "period_ms": 1000}',
+        **(extra_env or {}),
     }
     pid = procs.spawn(argv, pid_file=gw.pid_file, log_file=gw.log_file, cwd=ROOT, env=env)
     try:

@@ -13,91 +13,31 @@ it re-delivers nothing), T22 (has_offline=false -> SYNC_COMPLETE at once).
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from qim.client import (
     DeviceCursor,
-    HeartbeatConfig,
     Identity,
-    QimClient,
     QimError,
     SyncResult,
     login_and_sync,
 )
-from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership import ShardOwnership
-from qim.schemas.frames import ErrorCode, EventType, MailboxCursor, OnlineReady, SyncEntry
-from tests.gateway_support import Gateway, running_gateway
+from qim.devstack.stack import Stack
+from qim.schemas.frames import ErrorCode, MailboxCursor, OnlineReady
+from tests.gateway_support import Gateway
+from tests.integration.login_support import (
+    from_alice,
+    materialized,
+    new_client,
+    pipeline,
+    syncing_gateway,
+)
 from tests.integration.mailbox_support import Client as MailboxProbe
-from tests.integration.mailbox_support import Node as MailboxWorker
-from tests.integration.test_admin_groups import WRITER_ENV, writer_serving
-from tests.integration.test_gateway_routing import SETTINGS
-from tests.integration.workers import FaustWorker
 
 pytestmark = pytest.mark.integration
-
-WAIT_S = 60.0
-MESSAGE_TYPES = (EventType.MESSAGE, EventType.MENTION)
-
-
-def new_client() -> QimClient:
-    return QimClient(heartbeat=HeartbeatConfig(enabled=False), request_timeout=20)
-
-
-@contextlib.asynccontextmanager
-async def syncing_gateway(stack: Stack, name: str) -> AsyncIterator[Gateway]:
-    """A routing node with login sync, owning every ConnectionShard through its own group."""
-    bootstrap = stack.cfg.kafka.bootstrap
-    group = f"qim-gw-sync-{uuid.uuid4().hex[:8]}"
-    ownership = ShardOwnership(bootstrap, group, f"ws://{name}")
-    await ownership.start()
-    try:
-        await asyncio.wait_for(ownership.wait_assigned(), 60)
-        async with running_gateway(
-            ownership=ownership,
-            settings=SETTINGS,
-            node_id=name,
-            kafka_bootstrap=bootstrap,
-            route_requests=True,
-            mailbox_sync=True,
-            conversation_partition_count=CONVERSATION_PARTITION_COUNT,
-        ) as gw:
-            yield gw
-    finally:
-        await ownership.stop()
-
-
-@contextlib.asynccontextmanager
-async def pipeline(stack: Stack, base: Path) -> AsyncIterator[MailboxWorker]:
-    """The conversation and mailbox workers, started side by side; stopped on exit."""
-    writer = FaustWorker(stack, "qim.apps.conversation", base / "conversation", WRITER_ENV)
-    mailbox = MailboxWorker(stack, base / "mailbox")
-    try:
-        await asyncio.gather(asyncio.to_thread(writer.start), mailbox.start())
-        await asyncio.gather(writer_serving(writer), mailbox.serving(WAIT_S))
-        yield mailbox
-    finally:
-        await asyncio.gather(asyncio.to_thread(writer.stop), mailbox.stop(), return_exceptions=True)
-
-
-def from_alice(entries: Sequence[SyncEntry]) -> list[SyncEntry]:
-    return [e for e in entries if e.sender_id == "alice" and e.event_type in MESSAGE_TYPES]
-
-
-async def materialized(probe: MailboxProbe, tenant: str, user: str, count: int) -> None:
-    """Wait until ``user``'s mailbox serves ``count`` messages of alice (asked of the
-    MailboxNode directly), so a login's W[lane] snapshot is known to cover them."""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while len(from_alice(await probe.pull_all(tenant, user))) < count:
-        assert loop.time() < deadline, f"{user}'s mailbox never held {count} messages"
-        await asyncio.sleep(0.3)
 
 
 async def bob_logs_in(gw: Gateway, tenant: str, cursor: DeviceCursor | None) -> SyncResult:

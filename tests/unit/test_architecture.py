@@ -1,7 +1,8 @@
 """Guards of the layout: import direction, forbidden entity aliases, a current topology.md.
 
-Import direction (style.md item 2): schemas <- core <- agents / gateway <- apps. The pure layers
-(schemas, core, params) import no I/O library; only apps wire agents, tables and topics together.
+Import direction (style.md item 2): schemas <- core <- agents / gateway / ops <- apps. The pure
+layers (schemas, core, params) import no I/O library; only apps wire agents, tables and topics
+together; ``ops`` (operator tools such as the audits) sits at the agents' level.
 """
 
 from __future__ import annotations
@@ -21,13 +22,27 @@ IO_LIBS = {"asyncio", "faust", "mode", "aiokafka", "websockets", "redis", "rocks
 
 # layer -> qim subpackages it must not import
 FORBIDDEN_QIM_IMPORTS: dict[str, set[str]] = {
-    "schemas": {"core", "streams", "tables", "agents", "gateway", "apps", "devstack", "auth"},
-    "core": {"streams", "tables", "agents", "gateway", "apps", "devstack", "auth"},
-    "params": {"core", "streams", "tables", "agents", "gateway", "apps", "devstack", "auth"},
-    "agents": {"apps", "gateway", "devstack"},
-    "gateway": {"apps", "agents", "devstack"},
-    "tables": {"apps", "agents", "gateway", "devstack"},
-    "streams": {"apps", "agents", "gateway", "tables", "devstack"},
+    "schemas": {
+        "core",
+        "streams",
+        "tables",
+        "agents",
+        "gateway",
+        "apps",
+        "devstack",
+        "auth",
+        "ops",
+    },
+    "core": {"streams", "tables", "agents", "gateway", "apps", "devstack", "auth", "ops"},
+    "params": {"core", "streams", "tables", "agents", "gateway", "apps", "devstack", "auth", "ops"},
+    "agents": {"apps", "gateway", "devstack", "ops"},
+    "gateway": {"apps", "agents", "devstack", "ops"},
+    "tables": {"apps", "agents", "gateway", "devstack", "ops"},
+    "streams": {"apps", "agents", "gateway", "tables", "devstack", "ops"},
+    # operator tools read what the agents write; nothing runs on top of them but the CLI
+    "ops": {"apps", "gateway", "devstack"},
+    # logs and the metric inventory: every process imports it, so it imports none of them
+    "observability": {"apps", "agents", "gateway", "tables", "streams", "devstack", "auth", "ops"},
 }
 PURE_LAYERS = {"schemas", "core", "params"}
 

@@ -10,10 +10,12 @@ implements and the reference the tests and the audit compare against:
    ``event_type`` (MESSAGE, or MEMBERSHIP for a subject) whatever their visible interval: a
    leaver's own removal is outside its interval by design (``left_at`` = that seq, 7.5, A.3).
 2. member expansion, only for a group dispatch that pins a version (``membership_version`` >
-   0): every user of that version's slice on this shard with ``joined_at < conversation_seq``
-   (the 10.1 step 9 filter; the slice holds only members that are active in the version, so
-   ``left_at`` needs no test: a member who left before the seq is not in the version), minus
-   the explicit recipients, gets a MESSAGE entry.
+   0): every user of that version's slice on this shard inside its interval
+   ``(joined_at, left_at)`` at ``conversation_seq`` (the 10.1 step 9 filter), minus the
+   explicit recipients, gets a MESSAGE entry. The pinned slice gives ``joined_at``; ``left_at``
+   comes from ``departures`` (what later slices said about that same interval): when the writer
+   pins the current version no member of it has left yet, but a dispatch pinned to an older
+   version (recovery, a re-append) must not reach a member who left before its seq.
 3. mentions (11.4.1): ``mention_type`` on the primary entry -- AT_ME for a named user, else
    AT_ALL for ``"@all"``, else REPLY_ME for ``reply_to_sender_id``. Only with
    ``mention_entries`` (the ``mention_only`` tier) does a mentioned user also get a MENTION entry.
@@ -26,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from qim.core.membership import ShardSlice
+from qim.core.membership import Departures, ShardSlice
 from qim.schemas.events import EventType
 from qim.schemas.frames.base import MENTION_ALL, MentionType
 from qim.schemas.records.dispatch import GroupDispatch
@@ -61,7 +63,10 @@ def mention_type_of(dispatch: GroupDispatch, user_id: str) -> int:
 
 
 def _primaries(
-    dispatch: GroupDispatch, shard_slice: ShardSlice | None, shard_of: Callable[[str], int]
+    dispatch: GroupDispatch,
+    shard_slice: ShardSlice | None,
+    shard_of: Callable[[str], int],
+    departures: Departures,
 ) -> dict[str, int]:
     shard = dispatch.target_mailbox_shard
     explicit = {u: dispatch.event_type for u in dispatch.participants if shard_of(u) == shard}
@@ -74,10 +79,11 @@ def _primaries(
         shard_slice.mailbox_shard,
     ) != (dispatch.tenant_id, dispatch.conversation_id, dispatch.membership_version, shard):
         raise SliceMismatch(f"dispatch pins version {dispatch.membership_version} on {shard}")
+    seq = dispatch.conversation_seq
     members = {
         user: int(EventType.MESSAGE)
         for user, joined_at in zip(shard_slice.user_ids, shard_slice.joined_at, strict=True)
-        if joined_at < dispatch.conversation_seq
+        if joined_at < seq and seq < departures.get((user, joined_at), seq + 1)
     }
     return members | explicit
 
@@ -88,15 +94,18 @@ def expand_dispatch(
     shard_of: Callable[[str], int],
     *,
     mention_entries: bool = False,
+    departures: Departures | None = None,
 ) -> tuple[Delivery, ...]:
     """Every entry ``dispatch`` writes on its shard, sorted by (user, event_type).
 
     ``shard_slice`` is the pinned version's slice on this shard (None when the dispatch pins
-    none); ``shard_of`` routes a user id of the dispatch's tenant to its MailboxShard.
+    none); ``shard_of`` routes a user id of the dispatch's tenant to its MailboxShard;
+    ``departures`` the closed intervals known for the group on this shard (none by default).
     """
     out: list[Delivery] = []
     only = EventType(dispatch.event_type) if dispatch.chunk_count > 1 else None
-    for user, event_type in sorted(_primaries(dispatch, shard_slice, shard_of).items()):
+    primaries = _primaries(dispatch, shard_slice, shard_of, departures or {})
+    for user, event_type in sorted(primaries.items()):
         mention = mention_type_of(dispatch, user)
         if only is None or only != EventType.MENTION:
             out.append(Delivery(user, event_type, mention))

@@ -4,9 +4,9 @@ Who receives what kind of entry is ONE pure function shared with the producer,
 :func:`qim.core.fanout.recipients.expand_dispatch` -- explicit recipients (a direct
 conversation's participants, a membership message's subjects) routed to this shard, plus, for a
 group dispatch pinning a version, that version's slice members with ``joined_at <
-conversation_seq`` (10.1 step 9: the slice holds only members active in the version, so a member
-who left before the seq is not in it, and the leave event at ``left_at`` reaches the leaver only
-as its own MEMBERSHIP notice); mentions per 11.4.1. The MailboxNode calls it here and the
+conversation_seq`` and ``conversation_seq < left_at`` of that interval when a later slice told
+this shard it closed (10.1 step 9; the leave event at ``left_at`` reaches the leaver only as its
+own MEMBERSHIP notice); mentions per 11.4.1. The MailboxNode calls it here and the
 fanout side sizes and tests its dispatches against it, so the two cannot drift.
 
 What each entry holds is decided here, deterministically (spec 6.7, 7.3, I-5):
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from qim.core.fanout.recipients import expand_dispatch
 from qim.core.mailbox.values import StoredEntry
-from qim.core.membership.slices import ShardSlice
+from qim.core.membership.slices import Departures, ShardSlice
 from qim.schemas.events import EventType, event_id
 from qim.schemas.frames.base import EntryFlags
 from qim.schemas.records.dispatch import GroupDispatch
@@ -52,8 +52,11 @@ def entries_by_user(
     shard_of: Callable[[str], int],
     *,
     mention_entries: bool,
+    departures: Departures | None = None,
 ) -> dict[str, list[EntryRow]]:
-    """Each recipient's event group, users ascending, rows in ``(ordinal, event_id)`` order."""
+    """Each recipient's event group, users ascending, rows in ``(ordinal, event_id)`` order.
+
+    ``departures``: the group's closed intervals on this shard (``load_departures``)."""
     joined: Mapping[str, int] = (
         {}
         if shard_slice is None
@@ -61,7 +64,7 @@ def entries_by_user(
     )
     out: dict[str, list[EntryRow]] = {}
     for delivery in expand_dispatch(
-        dispatch, shard_slice, shard_of, mention_entries=mention_entries
+        dispatch, shard_slice, shard_of, mention_entries=mention_entries, departures=departures
     ):
         kind = EventType(delivery.event_type)
         row = EntryRow(

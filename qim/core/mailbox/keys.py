@@ -21,6 +21,8 @@ text ids are UTF-8 and NUL-terminated where a longer id could otherwise extend a
       written once, when every chunk of the version's slice for this shard is in (7.9).
     S tenant 00 group_id 00 version:u64 chunk_index:u32               -> MemberSliceRecord
       one chunk as it arrived on the dispatch log (direction 4.3), kept byte for byte.
+    V tenant 00 group_id 00 user 00 joined_at:u64                     -> u64 left_at
+      a closed membership interval some slice listed (seed 003 M-5); facts, first copy wins.
     P mailbox_seq:u64                                                 -> GroupDispatch
       a dispatch waiting for its slice; materialized at this seq once the slice completes.
     T tenant 00 user                                                  -> TrimState
@@ -47,6 +49,7 @@ from qim.schemas.hashing import validate_identifier
 __all__ = [
     "BODY",
     "COUNT",
+    "DEPARTURE",
     "DISPATCH",
     "ENTRY",
     "EXPIRY",
@@ -60,11 +63,14 @@ __all__ = [
     "EntryKey",
     "body_key",
     "count_key",
+    "departure_group_prefix",
+    "departure_key",
     "dispatch_key",
     "entry_key",
     "expiry_key",
     "expiry_target",
     "fencing_key",
+    "parse_departure_key",
     "parse_entry_key",
     "parse_user_key",
     "pending_key",
@@ -81,6 +87,7 @@ BODY: Final = b"B"
 DISPATCH: Final = b"D"
 FENCING: Final = b"F"
 SLICE: Final = b"S"
+DEPARTURE: Final = b"V"
 PENDING: Final = b"P"
 TRIM: Final = b"T"
 COUNT: Final = b"C"
@@ -161,6 +168,28 @@ def slice_version_prefix(tenant_id: str, group_id: str, version: int) -> bytes:
 
 def slice_chunk_key(tenant_id: str, group_id: str, version: int, chunk_index: int) -> bytes:
     return slice_version_prefix(tenant_id, group_id, version) + _CHUNK.pack(chunk_index)
+
+
+def departure_group_prefix(tenant_id: str, group_id: str) -> bytes:
+    """Every departure key of one group on this shard starts with these bytes."""
+    return (
+        DEPARTURE + _text(tenant_id, "tenant_id") + b"\x00" + _text(group_id, "group_id") + b"\x00"
+    )
+
+
+def departure_key(tenant_id: str, group_id: str, user_id: str, joined_at: int) -> bytes:
+    return (
+        departure_group_prefix(tenant_id, group_id)
+        + _text(user_id, "user_id")
+        + b"\x00"
+        + u64(joined_at)
+    )
+
+
+def parse_departure_key(key: bytes, prefix: bytes) -> tuple[str, int]:
+    """``(user_id, joined_at)`` of a departure key under ``prefix`` (its group's)."""
+    user, joined = key[len(prefix) : -9], key[-8:]
+    return user.decode("utf-8"), int(_U64.unpack(joined)[0])
 
 
 def pending_key(mailbox_seq: int) -> bytes:

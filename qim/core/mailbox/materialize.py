@@ -45,7 +45,7 @@ from qim.core.mailbox.result import (
     WrittenGroup,
 )
 from qim.core.mailbox.retention import expiry_at, trim_user
-from qim.core.mailbox.slicestore import SliceCache, load_slice, store_chunk
+from qim.core.mailbox.slicestore import SliceCache, load_departures, load_slice, store_chunk
 from qim.core.mailbox.values import (
     DispatchProgress,
     ProgressState,
@@ -117,6 +117,7 @@ class _Fold:
             self.pending[seq] = PendingDispatch(seq, dispatch)
         self.written: list[WrittenGroup] = []
         self.metrics = dict.fromkeys(METRICS, 0)
+        self.cap_evicted: dict[str, int] = {}
 
     def apply(self, offset: int, record: DispatchLogRecord) -> None:
         seq = compose_mailbox_seq(self.epoch, offset)
@@ -191,11 +192,15 @@ class _Fold:
 
     def _expand(self, seq: int, d: GroupDispatch, shard_slice: ShardSlice | None) -> None:
         tenant, config, kv = d.tenant_id, self.config, self.kv
+        departures = None
+        if shard_slice is not None:
+            departures = load_departures(kv, tenant, d.conversation_id)
         groups = entries_by_user(
             d,
             shard_slice,
             lambda user: config.shard_of(tenant, user),
             mention_entries=config.mention_entries,
+            departures=departures,
         )
         lanes: set[int] = set()
         over_cap: list[str] = []
@@ -238,6 +243,8 @@ class _Fold:
                 cap_target=config.cap_target,
             )
             self.metrics["mailbox_entry_cap_evicted_total"] += done.evicted
+            if done.evicted:
+                self.cap_evicted[tenant] = self.cap_evicted.get(tenant, 0) + done.evicted
             self.metrics["mailbox_entries_expired_total"] += done.expired
 
     def _keep_body(self, d: GroupDispatch) -> None:
@@ -282,4 +289,5 @@ class _Fold:
             pending=tuple(self.pending[seq] for seq in sorted(self.pending)),
             written=tuple(self.written),
             metrics=self.metrics,
+            cap_evicted=dict(sorted(self.cap_evicted.items())),
         )

@@ -76,3 +76,5 @@ class MaterializeResult:
     pending: tuple[PendingDispatch, ...]
     written: tuple[WrittenGroup, ...]
     metrics: dict[str, int] = field(default_factory=dict)
+    cap_evicted: dict[str, int] = field(default_factory=dict)
+    """``mailbox_entry_cap_evicted_total`` by tenant (26.1.6 asks for ``{tenant}``)."""

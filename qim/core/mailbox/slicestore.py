@@ -8,23 +8,48 @@ completing chunk writes the :class:`SliceHeader`. Versions are immutable (7.9), 
 copy of a chunk wins and a complete slice never changes; :class:`SliceCache` may therefore keep
 assembled slices across batches without any invalidation (the header key still decides whether
 a slice is complete).
+
+Departures: a completed slice's former members are written as ``V`` keys, ``(user,
+joined_at) -> left_at``, and every group dispatch reads its group's keys to apply ``left_at``
+to the pinned version's members (``qim.core.fanout.recipients``, seed 003 M-5). They are facts
+of the dispatch log folded so far, so a replay of the same log sees the same ones at the same
+place.
 """
 
 from __future__ import annotations
 
-from qim.core.mailbox.keys import slice_chunk_key, slice_version_prefix
+from qim.core.mailbox.keys import (
+    departure_group_prefix,
+    departure_key,
+    parse_departure_key,
+    slice_chunk_key,
+    slice_version_prefix,
+)
 from qim.core.mailbox.kvstore import Overlay
 from qim.core.mailbox.ports import KVReader
-from qim.core.mailbox.values import SliceHeader, decode_value, encode_value
+from qim.core.mailbox.values import (
+    SliceHeader,
+    decode_u64,
+    decode_value,
+    encode_u64,
+    encode_value,
+)
 from qim.core.membership.errors import MembershipLogError
-from qim.core.membership.slices import ShardSlice, SliceAssembler
+from qim.core.membership.slices import Departures, ShardSlice, SliceAssembler
 from qim.schemas.records.membership import (
     MemberSliceRecord,
     decode_member_slice,
     encode_membership_record,
 )
 
-__all__ = ["SliceCache", "SliceKey", "load_slice", "store_chunk"]
+__all__ = [
+    "SliceCache",
+    "SliceKey",
+    "load_departures",
+    "load_slice",
+    "record_departures",
+    "store_chunk",
+]
 
 SliceKey = tuple[str, str, int]
 """``(tenant_id, group_id, membership_version)``; the shard is the store's own."""
@@ -70,6 +95,7 @@ def store_chunk(kv: Overlay, record: MemberSliceRecord, log_now_ms: int) -> Shar
     assembled = _assemble(chunks)
     if assembled is None:
         return None
+    record_departures(kv, assembled)
     kv.put(
         prefix,
         encode_value(
@@ -82,6 +108,23 @@ def store_chunk(kv: Overlay, record: MemberSliceRecord, log_now_ms: int) -> Shar
         ),
     )
     return assembled
+
+
+def record_departures(kv: Overlay, shard_slice: ShardSlice) -> None:
+    """Keep the closed intervals a completed slice lists (first copy wins: they are facts)."""
+    for user, joined_at, left_at in shard_slice.left:
+        key = departure_key(shard_slice.tenant_id, shard_slice.group_id, user, joined_at)
+        if kv.get(key) is None:
+            kv.put(key, encode_u64(left_at))
+
+
+def load_departures(kv: KVReader, tenant_id: str, group_id: str) -> Departures:
+    """Every closed interval of the group known on this shard (from the slices folded so far)."""
+    prefix = departure_group_prefix(tenant_id, group_id)
+    return {
+        parse_departure_key(key, prefix): decode_u64(value)
+        for key, value in kv.scan(prefix, prefix, False)
+    }
 
 
 def load_slice(kv: KVReader, key: SliceKey, cache: SliceCache | None = None) -> ShardSlice | None:

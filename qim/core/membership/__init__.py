@@ -26,6 +26,7 @@ from qim.core.membership.operations import (
     remove_members,
 )
 from qim.core.membership.slices import (
+    Departures,
     ShardSlice,
     SliceAssembler,
     audit_slices,
@@ -38,6 +39,7 @@ from qim.core.membership.state import GroupMembership, VersionPublished
 __all__ = [
     "DEFAULT_CHUNK_MAX_MEMBERS",
     "ControlStamp",
+    "Departures",
     "GroupMembership",
     "GroupState",
     "MemberPageLimits",

@@ -6,7 +6,10 @@ produced to dispatch partition ``mailbox_shard`` BEFORE any GroupDispatch pinned
 version (direction 4.3). Every shard that has members gets its full slice -- a slice is
 self-contained, so a MailboxNode that rebuilds from a retention-trimmed log never needs an
 older version -- and a touched shard left without members gets an empty slice, so it learns
-the group is gone there.
+the group is gone there. Each slice also lists the shard's former members with their closed
+``(joined_at, left_at)`` interval: a dispatch pinned to an OLDER version (recovery, a retried
+append) must still not reach someone who left before its seq (10.1 step 9, seed 003 M-5),
+and only a later version can know that leave.
 
 Consumer side (MailboxNode): :class:`SliceAssembler` collects chunks of
 ``(tenant, group, version, shard)`` in any order, ignores duplicates (ADR-0017 allows both),
@@ -15,7 +18,7 @@ and yields a :class:`ShardSlice` when ``chunk_count`` distinct chunks are in.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from qim.core.membership.bitmaps import bitmap_bytes, bitmap_from_bytes
@@ -25,7 +28,22 @@ from qim.core.membership.operations import DEFAULT_CHUNK_MAX_MEMBERS
 from qim.core.membership.state import VersionPublished
 from qim.schemas.records.membership import GroupMembershipVersion, MemberSliceRecord, ShardBitmap
 
-__all__ = ["ShardSlice", "SliceAssembler", "audit_slices", "member_slices", "version_snapshot"]
+__all__ = [
+    "Departures",
+    "Interval",
+    "ShardSlice",
+    "SliceAssembler",
+    "audit_slices",
+    "member_slices",
+    "version_snapshot",
+]
+
+Interval = tuple[str, int, int]
+"""``(user_id, joined_at, left_at)``: one closed membership interval (spec 7.5)."""
+
+Departures = Mapping[tuple[str, int], int]
+"""``(user_id, joined_at) -> left_at`` of closed intervals, as a MailboxNode has seen them in
+its shard's slices. Immutable facts: a rejoin opens a new interval with a new ``joined_at``."""
 
 
 def version_snapshot(group: GroupState) -> GroupMembershipVersion:
@@ -59,11 +77,16 @@ def member_slices(
     if chunk_max_members < 1:
         raise ValueError("chunk_max_members must be >= 1")
     out: list[MemberSliceRecord] = []
+    step = chunk_max_members
     for shard in sorted(set(group.shards()) | set(published.touched_shards)):
         slots = list(group.shard_slots(shard))
-        cuts = [slots[i : i + chunk_max_members] for i in range(0, len(slots), chunk_max_members)]
-        cuts = cuts or [[]]
-        for index, chunk in enumerate(cuts):
+        cuts = [slots[i : i + step] for i in range(0, len(slots), step)]
+        former = _former_members(group, shard)
+        left_cuts = [former[i : i + step] for i in range(0, len(former), step)]
+        count = max(len(cuts), len(left_cuts), 1)
+        for index in range(count):
+            chunk = cuts[index] if index < len(cuts) else []
+            left = left_cuts[index] if index < len(left_cuts) else []
             rows = [group.user_at(slot) for slot in chunk]
             out.append(
                 MemberSliceRecord(
@@ -72,21 +95,34 @@ def member_slices(
                     membership_version=group.version,
                     mailbox_shard=shard,
                     chunk_index=index,
-                    chunk_count=len(cuts),
+                    chunk_count=count,
                     slot_bitmap=bitmap_bytes(chunk),
                     user_ids=tuple(r.user_id for r in rows),
                     joined_at=tuple(r.joined_at for r in rows),
                     shard_member_count=len(slots),
                     member_count=group.member_count,
+                    left_user_ids=tuple(user for user, _, _ in left),
+                    left_joined_at=tuple(joined for _, joined, _ in left),
+                    left_at=tuple(left_at for _, _, left_at in left),
                 )
             )
     return tuple(out)
 
 
+def _former_members(group: GroupState, shard: int) -> list[Interval]:
+    """``(user, joined_at, left_at)`` of the shard's former members, ascending by user."""
+    return sorted(
+        (row.user_id, row.joined_at, row.left_at)
+        for row in group.rows.values()
+        if not row.active and row.left_at is not None and row.shard == shard
+    )
+
+
 def audit_slices(group: GroupState, slices: Iterable[MemberSliceRecord]) -> list[str]:
     """Invariant of direction 4.3: the slices of the group's current version hold every active
-    member exactly once, each on its own MailboxShard, with its slot and joined_at. Returns the
-    violations (empty = sound); used by tests and by a runtime audit alike."""
+    member exactly once, each on its own MailboxShard, with its slot and joined_at, and list
+    only real former members with their closed interval. Returns the violations (empty =
+    sound); used by tests and by a runtime audit alike."""
     problems: list[str] = []
     seen: dict[str, int] = {}
     for record in slices:
@@ -102,6 +138,13 @@ def audit_slices(group: GroupState, slices: Iterable[MemberSliceRecord]) -> list
             seen[user] = seen.get(user, 0) + 1
         if not len(slots) == len(record.user_ids) == len(record.joined_at):
             problems.append(f"slice chunk of shard {record.mailbox_shard} is not parallel")
+        former = zip(record.left_user_ids, record.left_joined_at, record.left_at, strict=False)
+        for user, joined, left in former:
+            row = group.rows.get(user)
+            if row is None or row.active or (row.joined_at, row.left_at) != (joined, left):
+                problems.append(f"{user!r} did not leave at {left} after joining at {joined}")
+            elif row.shard != record.mailbox_shard:
+                problems.append(f"former {user!r} of shard {row.shard} in {record.mailbox_shard}")
     for user in sorted(u for u, r in group.rows.items() if r.active):
         if seen.get(user, 0) != 1:
             problems.append(f"{user!r} appears {seen.get(user, 0)} times")
@@ -114,7 +157,8 @@ class ShardSlice:
 
     ``slots``, ``user_ids`` and ``joined_at`` are parallel and ascending by slot id;
     ``slot_bitmap`` is their canonical portable bitmap (same bytes as the producer's
-    GroupMembershipVersion row for this shard).
+    GroupMembershipVersion row for this shard). ``left`` lists the shard's former members as
+    ``(user_id, joined_at, left_at)``: the MailboxNode records them as :data:`Departures`.
     """
 
     tenant_id: str
@@ -126,6 +170,7 @@ class ShardSlice:
     slots: tuple[int, ...]
     user_ids: tuple[str, ...]
     joined_at: tuple[int, ...]
+    left: tuple[Interval, ...] = ()  # former members' closed intervals, ascending by user
 
 
 SliceKey = tuple[str, str, int, int]
@@ -166,10 +211,14 @@ def _assemble(key: SliceKey, chunks: list[MemberSliceRecord]) -> ShardSlice:
     slots: list[int] = []
     users: list[str] = []
     joined: list[int] = []
+    left: list[Interval] = []
     for chunk in chunks:
         chunk_slots = list(bitmap_from_bytes(chunk.slot_bitmap))
         if not len(chunk_slots) == len(chunk.user_ids) == len(chunk.joined_at):
             raise MembershipLogError(f"slice chunk of {key} is not parallel")
+        if not len(chunk.left_user_ids) == len(chunk.left_joined_at) == len(chunk.left_at):
+            raise MembershipLogError(f"former members of {key} are not parallel")
+        left += zip(chunk.left_user_ids, chunk.left_joined_at, chunk.left_at, strict=True)
         if slots and chunk_slots and chunk_slots[0] <= slots[-1]:
             raise MembershipLogError(f"slice chunks of {key} overlap or are out of order")
         slots += chunk_slots
@@ -187,4 +236,5 @@ def _assemble(key: SliceKey, chunks: list[MemberSliceRecord]) -> ShardSlice:
         slots=tuple(slots),
         user_ids=tuple(users),
         joined_at=tuple(joined),
+        left=tuple(sorted(left)),
     )

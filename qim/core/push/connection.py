@@ -145,6 +145,19 @@ class ConnectionPush:
         self.sent_items -= items
         return self._level()
 
+    def purged(self, ledger_bytes: int, items: int, *, reported: bool = False) -> None:
+        """A degradation dropped these WritePush frames before any byte reached the socket
+        (11.3.1: DEGRADED drops the pending real-time queue). They leave the ledger as drops:
+        ``reported`` when the ERROR{MAILBOX_DIRTY} of that same degradation covers them,
+        else PONG will say dirty. The level is not re-read: leaving DEGRADED waits for a real
+        :meth:`drained` at or below low, so a purge alone never flips back to NORMAL."""
+        if ledger_bytes > self.sent_bytes or items > self.sent_items:
+            raise ValueError("purged more than was handed to the send buffer")
+        self.sent_bytes -= ledger_bytes
+        self.sent_items -= items
+        if items and not reported:
+            self._drop(items)
+
     def idle_timeout(self) -> list[PushAction]:
         return self._act(self.flow.idle_timeout(), CLOSE_IDLE)
 

@@ -27,7 +27,8 @@ Three records, three audiences (spec 7.9, 7.5, App. A.3 CREATE_GROUP / LEAVE_GRO
 * :class:`MemberSliceRecord` -- one chunk of one version's member slice for one MailboxShard
   (tag ``kind = "member_slice"``), produced to dispatch partition ``mailbox_shard`` before any
   GroupDispatch pinned to that version (direction 4.3). A MailboxNode holds only its own
-  shard's slices, so a slice carries the slot -> user mapping and ``joined_at`` of its slots.
+  shard's slices, so a slice carries the slot -> user mapping and ``joined_at`` of its slots,
+  and the closed ``(joined_at, left_at)`` intervals of the shard's former members.
   The set of chunks of ``(tenant, group, version, shard)`` is complete when ``chunk_count``
   distinct ``chunk_index`` values arrived: that count is the completion marker, and it survives
   the in-partition reorder ADR-0017 allows (the last chunk need not arrive last).
@@ -173,6 +174,12 @@ class MemberSliceRecord(_Record, tag="member_slice", kw_only=True, frozen=True):
     ``shard_member_count`` counts the shard's members over all chunks; ``member_count`` the
     whole group (authoritative for fanout cost, spec 7.9). An empty bitmap with
     ``shard_member_count = 0`` tells the shard the group has no member there any more.
+
+    ``left_user_ids`` / ``left_joined_at`` / ``left_at`` (parallel, ascending by user id) are
+    the shard's former members as of this version: each one's last closed interval
+    ``(joined_at, left_at)`` (spec 7.5). An older version's slice cannot know a later leave,
+    so the MailboxNode keeps these facts and applies ``left_at`` to dispatches pinned to any
+    version that still lists the member with that ``joined_at`` (10.1 step 9, seed 003 M-5).
     """
 
     tenant_id: str
@@ -186,6 +193,9 @@ class MemberSliceRecord(_Record, tag="member_slice", kw_only=True, frozen=True):
     joined_at: tuple[U64, ...] = ()
     shard_member_count: U32 = 0
     member_count: U32 = 0
+    left_user_ids: tuple[str, ...] = ()
+    left_joined_at: tuple[U64, ...] = ()
+    left_at: tuple[U64, ...] = ()
 
     @property
     def partition(self) -> int:

@@ -218,18 +218,29 @@ def run(state: FanoutState, log: Sequence[OutboxRecord]) -> list[DispatchLogReco
 def delivered(
     produced: Iterable[DispatchLogRecord], shards: int, tenant: str = T
 ) -> dict[bytes, set[Delivery]]:
-    """message_id -> every entry the MailboxNodes write, replaying each partition in order."""
+    """message_id -> every entry the MailboxNodes write, replaying each partition in order
+    (with the departures each shard's completed slices told it, as the MailboxNode keeps)."""
     assembler = SliceAssembler()
     slices: dict[tuple[str, int, int], ShardSlice] = {}
+    departures: dict[tuple[str, int], dict[tuple[str, int], int]] = {}
     out: dict[bytes, set[Delivery]] = {}
     for record in produced:
         if not isinstance(record, GroupDispatch):
             done = assembler.apply(record)
             if done is not None:
                 slices[(done.group_id, done.membership_version, done.mailbox_shard)] = done
+                known = departures.setdefault((done.group_id, done.mailbox_shard), {})
+                for user, joined_at, left_at in done.left:
+                    known.setdefault((user, joined_at), left_at)
             continue
-        key = (record.conversation_id, record.membership_version, record.target_mailbox_shard)
-        entries = expand_dispatch(record, slices.get(key), lambda u: shard_of(u, shards, tenant))
+        shard = record.target_mailbox_shard
+        key = (record.conversation_id, record.membership_version, shard)
+        entries = expand_dispatch(
+            record,
+            slices.get(key),
+            lambda u: shard_of(u, shards, tenant),
+            departures=departures.get((record.conversation_id, shard), {}),
+        )
         out.setdefault(record.message_id, set()).update(entries)
     return out
 

@@ -6,11 +6,12 @@ import struct
 from typing import Any
 
 import crc32c
+import msgspec
 
-from qim.gateway.actions import Action, Authenticate, Close, CloseReason, Send
+from qim.gateway.actions import Action, Authenticate, Close, CloseReason, Send, SendPush
 from qim.gateway.ports import AuthGrant
 from qim.gateway.session import Session, SessionConfig
-from qim.schemas.frames import Auth, AuthOk, Body, encode_frame
+from qim.schemas.frames import Auth, AuthOk, Body, PushEvents, encode_frame
 
 T0 = 1_700_000_000_000
 CFG = SessionConfig(
@@ -57,7 +58,14 @@ def online(config: SessionConfig = CFG, now_ms: int = T0) -> Session:
 
 
 def sent(actions: list[Action]) -> list[Body]:
-    return [a.body for a in actions if isinstance(a, Send)]
+    """Bodies queued, in order; a raw PUSH_EVENTS (SendPush) decoded like a client would."""
+    bodies: list[Body] = []
+    for a in actions:
+        if isinstance(a, Send):
+            bodies.append(a.body)
+        elif isinstance(a, SendPush):
+            bodies.append(msgspec.msgpack.decode(a.body, type=PushEvents))
+    return bodies
 
 
 def closes(actions: list[Action]) -> list[CloseReason]:

@@ -11,7 +11,7 @@ import msgspec
 
 from qim.core.push import EntryFragment, PendingPush
 from qim.core.push.wire import personal_fragment
-from qim.gateway.actions import Action, Send
+from qim.gateway.actions import Action, Send, SendPush
 from qim.gateway.session import Session
 from qim.schemas.frames import (
     Error,
@@ -20,7 +20,6 @@ from qim.schemas.frames import (
     Ping,
     Pong,
     PushEvents,
-    Stream,
     SyncComplete,
 )
 from qim.schemas.records.push import PushRecipient
@@ -38,11 +37,13 @@ def push_of(seq: int) -> PendingPush:
 
 
 def pushed_seqs(actions: list[Action]) -> list[int]:
+    """The mailbox_seqs of the PUSH_EVENTS written (raw spliced bytes, decoded here)."""
     seqs = []
     for action in actions:
-        if isinstance(action, Send) and isinstance(action.body, PushEvents):
-            assert action.stream == Stream.REALTIME
-            seqs += [e.mailbox_seq for e in action.body.events]
+        assert not (isinstance(action, Send) and isinstance(action.body, PushEvents))
+        if isinstance(action, SendPush):
+            body = msgspec.msgpack.decode(action.body, type=PushEvents)
+            seqs += [e.mailbox_seq for e in body.events]
     return seqs
 
 

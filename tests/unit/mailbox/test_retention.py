@@ -122,12 +122,14 @@ def test_18_3_3_entry_cap_trims_oldest_groups_down_to_80_percent_and_counts() ->
     assert _seqs(store, a) == [seq(o) for o in range(3, 11)]  # 11 > 10 -> 8 newest remain
     assert StoreMailboxReader(store, config.lane_count).effective_trim(T, a) == seq(2)
     assert result.metrics["mailbox_entry_cap_evicted_total"] == 2 * 3
+    assert result.cap_evicted == {T: 2 * 3}  # the {tenant} label of the metric (26.1.6)
     more = run(
         store,
         numbered([dispatch(n, sender=b, participants=(a, b)) for n in range(12, 14)], 11),
         config,
     )
     assert more.metrics["mailbox_entry_cap_evicted_total"] == 0  # 10 entries: at, not over, the cap
+    assert more.cap_evicted == {}
 
 
 def test_18_3_3_the_cap_removes_whole_event_groups() -> None:

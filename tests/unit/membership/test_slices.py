@@ -144,3 +144,37 @@ def test_audit_slices_names_a_missing_and_a_misplaced_member() -> None:
     assert any("appears 0 times" in p for p in audit_slices(group, slices))
     moved = MemberSliceRecord(**{**msgspec.structs.asdict(dropped), "mailbox_shard": 999})
     assert any("in slice 999" in p for p in audit_slices(group, [*slices, moved]))
+
+
+def test_m5_slices_list_the_shards_former_members_with_their_closed_interval() -> None:
+    """Seed 003 M-5: every later slice of a shard lists its former members as (user,
+    joined_at, left_at), chunked like the members; the audit refuses a forged one."""
+    h = Harness()
+    others = [f"m{i:02d}" for i in range(12)]
+    h.create(T, "g:f", "alice", ["bob", *others])
+    shard_of = h.state.shard_of(T)
+    leave = h.leave(T, "g:f", "bob")
+    removed = h.remove(T, "g:f", others[:8])
+    assert removed is not None
+    group = h.state.group(T, "g:f")
+    assert group is not None
+    slices = member_slices(group, h.published[-1], chunk_max_members=2)
+    assert audit_slices(group, slices) == []
+    former = sorted(
+        (user, joined, left)
+        for s in slices
+        for user, joined, left in zip(s.left_user_ids, s.left_joined_at, s.left_at, strict=True)
+    )
+    expected = sorted(
+        [("bob", 0, leave.conversation_seq)]
+        + [(u, 0, removed.conversation_seq) for u in others[:8]]
+    )
+    assert former == expected
+    for s in slices:
+        assert len(s.left_user_ids) <= 2
+        assert all(shard_of(u) == s.mailbox_shard for u in s.left_user_ids)
+    bobs = next(s for s in slices if "bob" in s.left_user_ids)
+    forged = msgspec.structs.replace(bobs, left_at=tuple(x + 1 for x in bobs.left_at))
+    assert any("did not leave" in p for p in audit_slices(group, [*slices, forged]))
+    assembled = [d for d in map(SliceAssembler().apply, slices) if d is not None]
+    assert sorted(x for d in assembled for x in d.left) == expected

@@ -1,0 +1,1 @@
+"""The benchmark scenarios; each returns a :class:`~qim.bench.report.Result`."""
