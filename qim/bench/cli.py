@@ -26,6 +26,7 @@ from qim.bench.scenarios.fanout import FanoutParams, run_fanout
 from qim.bench.scenarios.login import LoginParams, run_login
 from qim.bench.scenarios.send import SendParams, run_send
 from qim.bench.schedule import sweep
+from qim.bench.speedscope import summarize
 from qim.bench.target import Target
 from qim.devstack.stack import ROOT, StackConfig
 
@@ -203,3 +204,17 @@ def kafka_baseline(
     """The send path's Kafka hops on plain aiokafka relays: the floor qim is compared with."""
     spec = BaselineSpec(count=count, record_bytes=record_bytes, rate=rate, topics=topics)
     _run(ctx, lambda t: run_kafka_baseline(t, (spec,)))
+
+
+@bench.command("profile")
+@click.argument(
+    "files", nargs=-1, required=True, type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True)
+def profile(files: tuple[Path, ...], top: int) -> None:
+    """Summarize py-spy speedscope profiles (``py-spy record -f speedscope -p PID``): the
+    frames with the most self time and qim's frames with the most inclusive time."""
+    for path in files:
+        click.echo(f"== {path}")
+        for line in summarize(path, top).lines():
+            click.echo(line)

@@ -15,6 +15,7 @@ from qim.bench.procstats import parse_stat_cpu_ticks, parse_status_rss
 from qim.bench.report import Column, Result, cell, lookup, markdown_table, write_result
 from qim.bench.scenarios.send import meets_slo, ratios
 from qim.bench.schedule import run_open_loop, sweep, timetable
+from qim.bench.speedscope import summarize
 
 
 def test_percentiles_are_nearest_rank_on_the_recorded_samples() -> None:
@@ -199,3 +200,26 @@ def test_report_writes_json_and_a_markdown_table(tmp_path: Path) -> None:
     assert data["params"] == {"pairs": 3} and data["headline"] == "best: 50 msg/s"
     text = md_path.read_text()
     assert "**best: 50 msg/s**" in text and "| 100 | - | TIMEOUT=2, CLOSED=1 |" in text
+
+
+def test_a_speedscope_profile_is_summarized_by_self_and_inclusive_time(tmp_path: Path) -> None:
+    frames = [
+        {"name": "select", "file": "/usr/lib/python3.11/selectors.py", "line": 468},
+        {"name": "_serve", "file": "/work/main/qim/agents/mailbox_node.py", "line": 186},
+        {"name": "materialize", "file": "/work/main/qim/core/mailbox/materialize.py", "line": 95},
+    ]
+    samples = [[0], [1, 2], [1, 2], [1]]
+    doc = {
+        "shared": {"frames": frames},
+        "profiles": [{"samples": samples, "weights": [1.0, 1.0, 1.0, 1.0]}],
+    }
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    summary = summarize(path)
+    assert summary.total == 4.0
+    assert summary.self_time[0] == ("materialize (qim/core/mailbox/materialize.py:95)", 0.5)
+    assert dict(summary.inclusive) == {
+        "_serve (qim/agents/mailbox_node.py:186)": 0.75,
+        "materialize (qim/core/mailbox/materialize.py:95)": 0.5,
+    }  # select is not a qim frame
+    assert summary.lines()[0] == "total sampled: 4.0 s"

@@ -53,13 +53,17 @@ def _ignore(user: str, entry: SyncEntry, at: float) -> None:
     """Provisioning senders get their echoes pushed; nothing to count."""
 
 
-async def _fill(sender: Device, user: str, count: int, tag: str, size: int) -> None:
+async def _fill(
+    sender: Device, user: str, count: int, tag: str, size: int, within_s: float
+) -> None:
+    """Send ``count`` messages, honouring RATE_LIMITED's retry_after until ``within_s``."""
     gate = asyncio.Semaphore(_IN_FLIGHT)
+    deadline = time.monotonic() + within_s
 
     async def one(i: int) -> None:
         cmid = f"{tag}-{i}"
         async with gate:
-            for _ in range(20):
+            while time.monotonic() < deadline:
                 try:
                     await sender.client.send_direct(
                         user, payload_for(cmid, size), client_message_id=cmid, timeout=60
@@ -70,7 +74,7 @@ async def _fill(sender: Device, user: str, count: int, tag: str, size: int) -> N
                         raise
                     raw = exc.extras.get("retry_after_ms")
                     await asyncio.sleep((raw if isinstance(raw, int) else 1000) / 1000)
-            raise RuntimeError(f"{cmid}: still RATE_LIMITED after 20 tries")
+            raise RuntimeError(f"{cmid}: still RATE_LIMITED after {within_s:.0f} s")
 
     await asyncio.gather(*(one(i) for i in range(count)))
 
@@ -99,10 +103,11 @@ async def _one(target: Target, params: LoginParams, backlog: int, run: str) -> d
             target, params.tenant, names, _ignore, connect_rate=params.connect_rate
         )
         try:
+            size = params.payload_bytes
             shares = [min(_PER_SENDER, backlog - j * _PER_SENDER) for j in range(count)]
             await asyncio.gather(
                 *(
-                    _fill(s, user, n, f"p{run}{j}", params.payload_bytes)
+                    _fill(s, user, n, f"p{run}{j}", size, params.materialize_timeout_s)
                     for j, (s, n) in enumerate(zip(senders, shares, strict=True))
                 )
             )
