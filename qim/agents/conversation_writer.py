@@ -13,7 +13,12 @@ Lifecycle of a partition:
   request consumer to the group's committed offset (read after the fence, so it includes the
   former owner's last committed transaction) and resumes it: **serving**.
 * **serving** -> every fetch of its requests is one transaction (``writer_txn``); the request
-  offsets commit inside it (``send_offsets_to_transaction``), so auto-commit is off.
+  offsets commit inside it (``send_offsets_to_transaction``), so auto-commit is off. Pipelined
+  per partition: a fetch pauses each partition it returned records for and runs its
+  transaction as a task while the loop keeps fetching the others; the task resumes the
+  partition when done, if the same ``OwnedPartition`` still serves it (a give-up or a revocation
+  leaves the resume to the restore). So one transaction at a time per partition, in log order,
+  and no partition waits for another's commit.
 * a failed transaction -> the state is dropped (it may be ahead of the log) and the partition is
   restored again; after ProducerFenced only once a session timeout passed without the group
   taking the partition away (a fenced member is about to be revoked).
@@ -91,6 +96,7 @@ class ConversationWriterService(Service):
         self._owned: dict[int, OwnedPartition] = {}
         self._dormant: dict[int, PartitionWriter] = {}
         self._restoring: dict[int, asyncio.Task[None]] = {}
+        self._inflight: dict[int, asyncio.Task[None]] = {}
         self._semaphore = asyncio.Semaphore(options.restore_concurrency)
         self._assigned_at = 0.0
         self.metrics = WriterMetrics(self.registry, self.status)
@@ -141,6 +147,10 @@ class ConversationWriterService(Service):
 
     async def on_shutdown(self) -> None:
         """After the loop is cancelled: drop every partition, then leave the group."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()  # as the loop's own cancellation did when it gathered them
+        await asyncio.gather(*tasks, return_exceptions=True)
         await self._revoked()
         for writer in self._dormant.values():
             writer.close()
@@ -174,7 +184,18 @@ class ConversationWriterService(Service):
                         consumer.seek(tp, records[0].offset)
                 await self.sleep(0.2)
                 continue
-            await asyncio.gather(*(self._process(tp, rs) for tp, rs in batches.items()))
+            for tp, records in batches.items():
+                self._pause(tp.partition)  # until its transaction is done: one at a time
+                task = asyncio.create_task(self._process(tp, records), name=f"txn-p{tp.partition}")
+                self._inflight[tp.partition] = task
+                task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        for p, t in list(self._inflight.items()):
+            if t is task:
+                del self._inflight[p]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("transaction task failed", exc_info=task.exception())
 
     async def _process(self, tp: TopicPartition, records: list[Any]) -> None:
         owned = self._owned.get(tp.partition)
@@ -197,6 +218,8 @@ class ConversationWriterService(Service):
                 log.exception("p%d: transaction failed; restoring the partition", tp.partition)
                 self.counters["failed"] += 1
                 await self._give_up(owned, delay=_RETRY_S)
+        if self._owned.get(tp.partition) is owned and not self.should_stop:
+            self._resume(tp.partition)  # else given up or revoked: the restore resumes it
 
     async def _give_up(self, owned: OwnedPartition, *, delay: float) -> None:
         """Stop serving a partition whose in-memory state may be ahead of the log."""
@@ -222,6 +245,7 @@ class ConversationWriterService(Service):
                 if self._owned.get(p) is not owned:
                     continue  # given up while we waited: its state is gone
                 await owned.close()
+                del self._owned[p]  # a transaction task still queued on the lock must see it gone
             self._dormant[p] = owned.writer
         self._owned.clear()
         self._assigned = set()
@@ -243,6 +267,12 @@ class ConversationWriterService(Service):
         tp = TopicPartition(self.options.requests_topic, partition)
         if consumer is not None and tp in consumer.assignment():
             consumer.pause(tp)
+
+    def _resume(self, partition: int) -> None:
+        consumer = self._consumer
+        tp = TopicPartition(self.options.requests_topic, partition)
+        if consumer is not None and tp in consumer.assignment():
+            consumer.resume(tp)
 
     def _schedule_restore(self, partition: int, delay: float) -> None:
         previous = self._restoring.get(partition)
