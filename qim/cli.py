@@ -196,6 +196,44 @@ def replay_history(
     sys.exit(0 if ok else 1)
 
 
+@replay.command("projections")
+@click.option("--shard", type=click.IntRange(min=0), help="MailboxShard number.")
+@click.option("--all", "all_shards", is_flag=True, help="Every shard the datadir holds.")
+@click.option(
+    "--datadir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=Path(".run/workers/mailbox-1/data"),
+    show_default=True,
+    help="The mailbox worker's --datadir (holds the live stores).",
+)
+@click.option(
+    "--apply",
+    is_flag=True,
+    help="Drop and rebuild every projection (the worker must be stopped), then check.",
+)
+def replay_projections_cmd(shard: int | None, all_shards: bool, datadir: Path, apply: bool) -> None:
+    """Rebuild every user's session list and badge from the mailbox entries and the 7.5
+    conversation state, and compare with what the MailboxNode keeps; exit 1 on a difference."""
+    import os
+
+    from qim.agents.mailbox_options import MailboxOptions
+    from qim.agents.projection_replay import replay_projections
+    from qim.apps.base import ROCKSDB_OPTIONS
+    from qim.params import Settings
+
+    options = MailboxOptions.load(
+        Settings.load(), os.environ, bootstrap="", datadir=datadir, store_caps=ROCKSDB_OPTIONS
+    )
+    ok = True
+    for n in _pick(shard, all_shards, options.store_path(0).parent, "shard-"):
+        with click.progressbar(length=1, label=f"projections of shard {n}") as bar:
+            report = replay_projections(options, n, apply=apply, progress=_progress(bar))
+        for line in report.lines():
+            click.echo(line)
+        ok = ok and report.ok
+    sys.exit(0 if ok else 1)
+
+
 def _pick(one: int | None, every: bool, folder: Path, prefix: str) -> list[int]:
     """The store numbers to replay: ``one``, or with ``every`` each ``<prefix><n>`` folder."""
     if (one is None) == (not every):
@@ -218,6 +256,35 @@ def _progress(bar: Any) -> Callable[[int, int], None]:
         bar.update(done - bar.pos)
 
     return progress
+
+
+@main.group()
+def audit() -> None:
+    """Check the running pipeline against its source log (spec 0.2 orphan audit)."""
+
+
+@audit.command("dispatch")
+@click.option("--bootstrap", envvar="QIM_KAFKA_BOOTSTRAP", default="127.0.0.1:19092")
+@click.option(
+    "--datadir",
+    "datadirs",
+    multiple=True,
+    type=click.Path(path_type=Path, file_okay=False),
+    default=(Path(".run/workers/mailbox-1/data"),),
+    show_default=True,
+    help="A mailbox worker's --datadir (repeat for every worker).",
+)
+@click.option("--tenant", "tenants", multiple=True, help="Audit only this tenant (repeatable).")
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def audit_dispatch(
+    bootstrap: str, datadirs: tuple[Path, ...], tenants: tuple[str, ...], timeout: float,
+    as_json: bool,
+) -> None:  # fmt: skip
+    """Outbox vs dispatch log vs mailbox stores; exit 1 on any finding, 2 if incomplete."""
+    from qim.ops.audit_cli import run_audit_cli
+
+    sys.exit(run_audit_cli(bootstrap, datadirs, tenants, timeout, as_json))
 
 
 @main.command()

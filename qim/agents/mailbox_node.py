@@ -58,11 +58,15 @@ from qim.agents.mailbox_presence import (
 from qim.agents.mailbox_publish import plan_commit, replies_for, send_replies
 from qim.agents.mailbox_push import plan_batch_pushes, send_pushes
 from qim.agents.mailbox_reads import ReadContext
+from qim.agents.mailbox_session_push import plan_session_pushes, send_session_pushes
+from qim.agents.mailbox_sessions import ReadMerge, send_commands, user_state_commands
 from qim.agents.mailbox_shard import OwnedShard, decode_run, encode_floor
 from qim.agents.mailbox_takeover import take_over
 from qim.agents.trace_lines import mailboxed as trace_mailboxed
 from qim.core.mailbox import WrittenGroup
-from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
+from qim.core.mailbox.sessions import SessionChange
+from qim.schemas.records.dispatch import GroupDispatch, ShardLogRecord
+from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
 
 __all__ = ["MailboxNodeService"]
@@ -107,6 +111,7 @@ class MailboxNodeService(Service):
         self._admin: AIOKafkaAdminClient | None = None
         self.presence = NodePresence()
         self._push_tasks: set[asyncio.Task[None]] = set()
+        self._reads = ReadMerge(options.settings.read_sync_merge_window)
 
     def status(self) -> dict[str, Any]:
         """For the worker's ``/mailbox`` page and the tests."""
@@ -143,6 +148,7 @@ class MailboxNodeService(Service):
         self._dormant.clear()
         if self._push_tasks:
             await asyncio.gather(*self._push_tasks, return_exceptions=True)
+        await self._append(self._reads.all())
         if self._producer is not None:
             await self._producer.stop()
         if self._admin is not None:
@@ -183,6 +189,24 @@ class MailboxNodeService(Service):
                 await self._commit()
                 for partition, records in requests:
                     await self._answer(partition, records)
+
+    @Service.task
+    async def _read_flusher(self) -> None:
+        """Append the MARK_READs whose ``read_sync_merge_window`` has ended."""
+        while not self.should_stop:
+            await self.sleep(0.25)
+            async with self._lock:  # after any answer that released the same user's reads
+                await self._append(self._reads.due(int(time.time() * 1000)))
+
+    async def _append(self, commands: Sequence[UserStateCommand]) -> None:
+        """User-state commands onto the shard log, materialized from there (12.9)."""
+        if not commands or self._producer is None:
+            return
+        failed = await send_commands(self._producer, self.options.dispatch_topic, commands)
+        for _ in range(len(commands) - failed):
+            self.metrics.on_record("user-requests", "user_state")
+        for _ in range(failed):
+            self.metrics.on_record("user-requests", "failed")
 
     @Service.task
     async def _sweeper(self) -> None:
@@ -281,14 +305,36 @@ class MailboxNodeService(Service):
             waits = shard.advance.advanced(old_w, shard.watermarks, time.monotonic())
             self.metrics.on_batch(shard.shard, result, seconds, regressed, newest, waits)
             trace_mailboxed(log, shard.shard, shard.epoch, batch, self.options.client_id)
+            for change in result.sessions:
+                if change.structural_change:  # 12.8.2: paging restarts on a new revision
+                    self._ctx.snapshots.invalidate(change.tenant_id, change.user_id)
             await self._push(shard, result.written, batch)
+            if result.sessions and last >= shard.high_water:  # replay pushes nothing
+                await self._session_push(shard, result.sessions)
         shard.consumed(records[-1].offset)
+
+    async def _session_push(self, shard: OwnedShard, changes: Sequence[SessionChange]) -> None:
+        """SESSION_DELTA / BADGE_UPDATE / READ_SYNC after the WriteBatch; never raises."""
+        if self._producer is None:
+            return
+        try:
+            pushes = plan_session_pushes(
+                shard.store,
+                changes,
+                presence=self.presence.cache(shard.shard),
+                mailbox_shard=shard.shard,
+                now_ms=int(time.time() * 1000),
+            )
+            topic = self.options.to_gateway_topic
+            await send_session_pushes(self._producer, topic, pushes, self._push_tasks)
+        except Exception:
+            log.exception("shard %d: session push failed (the mailbox is unaffected)", shard.shard)
 
     async def _push(
         self,
         shard: OwnedShard,
         written: Sequence[WrittenGroup],
-        batch: Sequence[tuple[int, DispatchLogRecord]],
+        batch: Sequence[tuple[int, ShardLogRecord]],
     ) -> None:
         """11.1.2 step after the WriteBatch: plan and enqueue; never raises into the fold."""
         if not written or self._producer is None:
@@ -366,6 +412,8 @@ class MailboxNodeService(Service):
         now_ms = int(time.time() * 1000)
         for stale in stale_reports(records):
             self.metrics.on_presence_stale(self.presence.invalidate(stale, now_ms))
+        commands = user_state_commands(records, partition, now_ms)
+        await self._append(self._reads.add(commands, now_ms))
         replies = replies_for(
             self.owned.get(partition), partition, records, self._ctx, self.metrics
         )

@@ -215,6 +215,9 @@ class MailboxOptions:
             group_id=self.group_id,
             client_id=self.client_id,
             enable_auto_commit=False,
+            # The writer's member slices ride its transactions: an aborted (zombie) slice must
+            # never be folded, so the dispatch log is read at the last stable offset.
+            isolation_level="read_committed",
             auto_offset_reset="earliest",  # only reached when the seek target left retention
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,

@@ -25,7 +25,9 @@ from qim.agents.mailbox_shard import OwnedShard, encode_floor
 from qim.schemas.records.push import PresenceStale
 from qim.schemas.records.user_requests import (
     MailboxReply,
+    PullSessionListRequest,
     SyncAuthRequest,
+    UserStateRequest,
     decode_user_request,
     encode_user_record,
 )
@@ -91,7 +93,15 @@ def replies_for(
         if isinstance(request, PresenceStale):
             metrics.on_record("user-requests", "presence_stale")
             continue
-        kind = "sync_auth" if isinstance(request, SyncAuthRequest) else "pull_mailbox"
+        if isinstance(request, UserStateRequest):  # appended to the log by the node, no reply
+            continue
+        kind = (
+            "sync_auth"
+            if isinstance(request, SyncAuthRequest)
+            else "pull_session_list"
+            if isinstance(request, PullSessionListRequest)
+            else "pull_mailbox"
+        )
         stats = ReadStats()
         try:
             reply = answer(shard, partition, request, ctx, stats)

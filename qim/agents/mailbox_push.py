@@ -34,7 +34,7 @@ from aiokafka import AIOKafkaProducer
 from qim.core.mailbox import MailboxReader, WrittenGroup
 from qim.core.push import MaterializedEntry, PushPlan, ShardPresenceCache, plan_push
 from qim.schemas.frames.mailbox import SyncEntry
-from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
+from qim.schemas.records.dispatch import GroupDispatch, ShardLogRecord
 from qim.schemas.records.push import FramePriority, PushBody, encode_push_record
 from qim.schemas.seqs import compose_mailbox_seq, split_mailbox_seq
 
@@ -73,7 +73,7 @@ def push_body_from(reader: MailboxReader, tenant_id: str, entry: SyncEntry) -> P
     )
 
 
-def _priority(dispatch: DispatchLogRecord | None) -> FramePriority:
+def _priority(dispatch: ShardLogRecord | None) -> FramePriority:
     if isinstance(dispatch, GroupDispatch) and dispatch.conversation_kind == "direct":
         return "direct"
     return "small_group"
@@ -81,7 +81,7 @@ def _priority(dispatch: DispatchLogRecord | None) -> FramePriority:
 
 def plan_batch_pushes(
     written: Sequence[WrittenGroup],
-    batch: Sequence[tuple[int, DispatchLogRecord]],
+    batch: Sequence[tuple[int, ShardLogRecord]],
     *,
     reader: MailboxReader,
     mailbox_shard: int,

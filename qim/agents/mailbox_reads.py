@@ -22,12 +22,13 @@ Pure apart from the store reads and ``now_ms`` (the cursor's ``issued_at``).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
 
 from qim.agents.mailbox_observe import ReadStats, StorageProbe
+from qim.agents.mailbox_sessions import SessionSnapshots, badge_of_user, session_list_page
 from qim.agents.mailbox_shard import OwnedShard
 from qim.core.mailbox import StoreMailboxReader, join_bodies
 from qim.core.mailbox.keys import count_key
@@ -44,10 +45,12 @@ from qim.core.sync import (
 )
 from qim.core.sync.paging import Group
 from qim.schemas.frames import Error, MailboxBatch, encode_body
+from qim.schemas.frames.history import SessionListBatch
 from qim.schemas.records.user_requests import (
     AuthSyncResult,
     MailboxReply,
     PullMailboxRequest,
+    PullSessionListRequest,
     SyncAuthRequest,
 )
 from qim.schemas.routing import lane_id
@@ -58,7 +61,8 @@ HINT_SCAN_CAP: Final = 1000
 """Entries the login reads to size the pending hints; beyond it the counts are extrapolated
 from the user's live entry count (the hints are estimates, B.3 pending_hint_error_ratio)."""
 
-Reply = AuthSyncResult | MailboxBatch | Error
+Reply = AuthSyncResult | MailboxBatch | SessionListBatch | Error
+ReadRequest = SyncAuthRequest | PullMailboxRequest | PullSessionListRequest
 
 
 @dataclass(frozen=True)
@@ -71,12 +75,14 @@ class ReadContext:
     now_ms: Callable[[], int]
     tombstone_probe: bool = True
     """Take ``tombstones_scanned`` from the store's statistics (when it keeps them)."""
+    snapshots: SessionSnapshots = field(default_factory=SessionSnapshots)
+    """PULL_SESSION_LIST's per-user snapshots (process memory, 12.8.2)."""
 
 
 def answer(
     shard: OwnedShard | None,
     partition: int,
-    request: SyncAuthRequest | PullMailboxRequest,
+    request: ReadRequest,
     ctx: ReadContext,
     stats: ReadStats | None = None,
 ) -> MailboxReply:
@@ -102,6 +108,7 @@ def answer(
         mailbox_shard=partition,
         auth_sync=body if isinstance(body, AuthSyncResult) else None,
         mailbox_batch=body if isinstance(body, MailboxBatch) else None,
+        session_list=body if isinstance(body, SessionListBatch) else None,
         error=body if isinstance(body, Error) else None,
     )
 
@@ -109,7 +116,7 @@ def answer(
 def _serve(
     shard: OwnedShard | None,
     partition: int,
-    request: SyncAuthRequest | PullMailboxRequest,
+    request: ReadRequest,
     ctx: ReadContext,
     stats: ReadStats,
 ) -> Reply:
@@ -121,6 +128,15 @@ def _serve(
     if w is None:
         return shard_moved(ctx.retry_after_ms)
     probe = StorageProbe(shard.store, stats)
+    if isinstance(request, PullSessionListRequest):
+        return session_list_page(
+            probe,
+            request,
+            shard.config.session_list,
+            cursor_key=ctx.keys.subkey(ctx.keys.active_kid) or b"",
+            snapshots=ctx.snapshots,
+            now_ms=ctx.now_ms(),
+        )
     reader = StoreMailboxReader(probe, shard.config.lane_count)
     trim = reader.effective_trim(tenant, user)
     if isinstance(request, SyncAuthRequest):
@@ -152,7 +168,15 @@ def _sync_auth(
     )
     if isinstance(result, Error):
         return result
-    return _auth_result(result, shard.epoch)
+    badge = badge_of_user(probe, tenant, user)
+    return msgspec.structs.replace(
+        _auth_result(result, shard.epoch),
+        total_unread=badge.total_unread,
+        total_mention=badge.total_mention,
+        muted_unread=badge.muted_unread,
+        badge_projection_mailbox_seq=badge.badge_projection_mailbox_seq,
+        projection_complete=True,
+    )
 
 
 def _auth_result(sync: AuthSync, shard_epoch: int) -> AuthSyncResult:

@@ -20,7 +20,7 @@ equalities held (``identical`` / ``identical_after_sweep``) and lists the first 
 from __future__ import annotations
 
 import tempfile
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from qim.agents.mailbox_options import MailboxOptions
+from qim.agents.mailbox_takeover import IDENTITY_KEY
 from qim.core.mailbox import (
     MailboxConfig,
     SliceCache,
@@ -39,7 +40,7 @@ from qim.core.mailbox import (
 )
 from qim.core.mailbox.keys import META
 from qim.core.mailbox.values import ShardMeta, decode_value
-from qim.schemas.records.dispatch import DispatchLogRecord, decode_dispatch_record
+from qim.schemas.records.dispatch import ShardLogRecord, decode_dispatch_record
 from qim.schemas.seqs import split_mailbox_seq
 from qim.streams.topics import DISPATCH
 from qim.tables.mailbox_store import MailboxStore
@@ -93,6 +94,11 @@ def _meta(store: MailboxStore) -> ShardMeta:
     return ShardMeta() if raw is None else decode_value(raw, ShardMeta)
 
 
+def _data(store: MailboxStore) -> Iterator[tuple[bytes, bytes]]:
+    """The folded state: everything but the store's log binding (``bind_identity``)."""
+    return ((k, v) for k, v in store.items() if k != IDENTITY_KEY)
+
+
 def _require_fresh(out_dir: Path) -> None:
     if out_dir.exists():
         raise FileExistsError(f"{out_dir} exists: replay writes a fresh store")
@@ -100,7 +106,7 @@ def _require_fresh(out_dir: Path) -> None:
 
 def _swept(store: MailboxStore, now_ms: int, config: MailboxConfig) -> list[tuple[bytes, bytes]]:
     """The store's items as they would be after one more sweep at ``now_ms`` (not written)."""
-    items = dict(store.items())
+    items = dict(_data(store))
     for key, value in retention_sweep(store, now_ms, config).ops:
         if value is None:
             items.pop(key, None)
@@ -117,11 +123,13 @@ class _Log:
         self.through = through
         self.start = 0
         self.read = 0
-        self._consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+        self._consumer = AIOKafkaConsumer(
+            bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+        )  # as the live fold: aborted slices are not part of the log
 
     async def runs(
         self, progress: Progress | None
-    ) -> AsyncIterator[list[tuple[int, DispatchLogRecord]]]:
+    ) -> AsyncIterator[list[tuple[int, ShardLogRecord]]]:
         consumer, tp = self._consumer, self.tp
         await consumer.start()
         try:
@@ -178,8 +186,8 @@ async def replay_shard(
                         rebuilt, run, shard_epoch=shard_epoch, config=config, slice_cache=cache
                     )
                     rebuilt.apply(result.ops)
-                live_digest = store_digest(live.items())
-                replay_digest = store_digest(rebuilt.items())
+                live_digest = store_digest(_data(live))
+                replay_digest = store_digest(_data(rebuilt))
                 identical = live_digest == replay_digest
                 after_sweep, differences = identical, []
                 if not identical:

@@ -45,7 +45,7 @@ from qim.core.mailbox import (
 )
 from qim.core.mailbox.keys import META
 from qim.core.mailbox.values import ShardMeta, decode_value, decode_vector, encode_vector
-from qim.schemas.records.dispatch import DispatchLogRecord, decode_dispatch_record
+from qim.schemas.records.dispatch import ShardLogRecord, decode_dispatch_record
 from qim.schemas.seqs import split_mailbox_seq
 
 __all__ = [
@@ -79,10 +79,10 @@ def decode_floor(metadata: str, shard_epoch: int, lane_count: int) -> tuple[int,
         return None
 
 
-def decode_run(records: Iterable[Any]) -> tuple[list[tuple[int, DispatchLogRecord]], list[int]]:
+def decode_run(records: Iterable[Any]) -> tuple[list[tuple[int, ShardLogRecord]], list[int]]:
     """``(offset, record)`` pairs of fetched consumer records, and the undecodable offsets
     (skipped: they occupy their offset and change nothing, like an unknown kind)."""
-    batch: list[tuple[int, DispatchLogRecord]] = []
+    batch: list[tuple[int, ShardLogRecord]] = []
     malformed: list[int] = []
     for record in records:
         try:
@@ -172,7 +172,7 @@ class OwnedShard:
 
     # -- the fold ------------------------------------------------------------------------------
 
-    def materialize(self, batch: Sequence[tuple[int, DispatchLogRecord]]) -> MaterializeResult:
+    def materialize(self, batch: Sequence[tuple[int, ShardLogRecord]]) -> MaterializeResult:
         """The core fold over the committed store; nothing is written yet."""
         return materialize(
             self.store,

@@ -15,7 +15,10 @@ previous generation, and a seek per partition (:func:`take_over`).
 * presence partition s -> left to the caller (``qim.agents.mailbox_presence.rewind``): the
   cache is rebuilt from the beginning of the compacted partition on every assignment.
 
-A store that cannot be opened leaves its partition paused: its lanes answer SHARD_MOVED.
+A store that cannot be opened leaves its partition paused: its lanes answer SHARD_MOVED. So
+does a store bound to another dispatch log (spec 17.2, :func:`bind_identity`): its ``W[]`` and
+entries count offsets of the log it was folded from, and a recreated topic, another cluster or
+a changed partition count would silently re-number them.
 """
 
 from __future__ import annotations
@@ -24,16 +27,40 @@ import logging
 from collections.abc import Callable, MutableMapping
 from typing import Any
 
+import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from qim.agents.mailbox_options import MailboxOptions
 from qim.agents.mailbox_shard import OwnedShard
+from qim.schemas.log_identity import LogIdentity, LogIdentityMismatch, identity_mismatch
+from qim.streams.identity import fetch_log_identity
 from qim.tables.mailbox_store import MailboxStore
 
-__all__ = ["open_shard", "take_over"]
+__all__ = ["IDENTITY_KEY", "bind_identity", "open_shard", "take_over"]
+
+IDENTITY_KEY = b"\x00log-identity"
+"""The dispatch log a shard store was folded from; outside the core's one-letter keyspaces and
+left out of replay digests (the rebuilt store is bound by its own run)."""
+
+_IDENTITY = msgspec.msgpack.Decoder(LogIdentity)
 
 log = logging.getLogger(__name__)
+
+
+def bind_identity(store: MailboxStore, live: LogIdentity) -> None:
+    """Bind an empty store to ``live``; refuse one bound to another log, or a non-empty store
+    with no binding (written before it existed: its origin is unknown), with
+    :class:`LogIdentityMismatch`."""
+    raw = store.get(IDENTITY_KEY)
+    if raw is None:
+        if next(iter(store.items()), None) is not None:
+            raise LogIdentityMismatch(f"{store.path}: store has no log identity; replay it")
+        store.apply([(IDENTITY_KEY, msgspec.msgpack.encode(live))])
+        return
+    reason = identity_mismatch(_IDENTITY.decode(raw), live)
+    if reason is not None:
+        raise LogIdentityMismatch(f"{store.path}: {reason}")
 
 
 def open_shard(options: MailboxOptions, shard: int) -> OwnedShard:
@@ -60,8 +87,9 @@ async def take_over(
     ``dormant`` holds the shards of the previous generation: kept ones are reused (their store
     stays open), the others are closed.
     """
-    opener = opener or (lambda p: open_shard(options, p))
     dispatch = sorted(tp for tp in assigned if tp.topic == options.dispatch_topic)
+    live = await fetch_log_identity(options.bootstrap, options.dispatch_topic) if dispatch else None
+    opener = opener or (lambda p: open_shard(options, p))
     shards = {tp.partition for tp in dispatch}
     for p in [p for p in dormant if p not in shards]:
         dormant.pop(p).close()
@@ -78,6 +106,14 @@ async def take_over(
             log.exception("shard %d: store cannot be opened; not serving it", p)
             consumer.pause(tp)
             continue
+        if live is not None and isinstance(shard.store, MailboxStore):
+            try:
+                bind_identity(shard.store, live)
+            except LogIdentityMismatch as exc:
+                log.error("shard %d: %s; not serving it (fail closed, 17.2)", p, exc)
+                shard.close()
+                consumer.pause(tp)
+                continue
         offset = _seek_dispatch(consumer, tp, shard, committed.get(tp), ends[tp])
         owned[p] = shard
         log.info(

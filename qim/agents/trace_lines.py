@@ -14,7 +14,8 @@ import logging
 from collections.abc import Iterable, Sequence
 
 from qim.observability.logging import trace
-from qim.schemas.records import DispatchLogRecord, GroupDispatch, MessageCommitted, OutboxRecord
+from qim.schemas.records import GroupDispatch, MessageCommitted, OutboxRecord
+from qim.schemas.records.dispatch import ShardLogRecord
 from qim.schemas.seqs import compose_mailbox_seq
 
 __all__ = ["committed", "dispatched", "mailboxed"]
@@ -35,7 +36,7 @@ def committed(log: logging.Logger, appended: Iterable[tuple[OutboxRecord, int]])
             )  # fmt: skip
 
 
-def dispatched(log: logging.Logger, dispatches: Sequence[DispatchLogRecord]) -> None:
+def dispatched(log: logging.Logger, dispatches: Sequence[ShardLogRecord]) -> None:
     """GroupDispatches acknowledged by the dispatch log."""
     for d in dispatches:
         if isinstance(d, GroupDispatch):
@@ -50,7 +51,7 @@ def mailboxed(
     log: logging.Logger,
     shard: int,
     shard_epoch: int,
-    batch: Sequence[tuple[int, DispatchLogRecord]],
+    batch: Sequence[tuple[int, ShardLogRecord]],
     node_id: str = "",
 ) -> None:
     """The WriteBatch holding these dispatches committed (their entries are MAILBOXED)."""

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from qim.client.errors import UnexpectedFrame
 from qim.client.identity import Identity
+from qim.client.sessions import SessionList
 from qim.schemas.frames import (
     Body,
     CreateGroup,
@@ -31,6 +32,8 @@ from qim.schemas.frames import (
     SessionListBatch,
     SyncComplete,
 )
+from qim.schemas.frames.control import MarkRead, ReadSync
+from qim.schemas.frames.history import SessionEntry
 
 __all__ = ["FrameCalls"]
 
@@ -43,7 +46,13 @@ class FrameCalls:
     identity: Identity | None = None
     """Tenant and user of this client (from the access token at connect, or set by the app)."""
 
+    sessions: SessionList
+    """The local session list (12.6.2, 12.8.3), fed by pages and by the session frames."""
+
     async def _call(self, body: Body, reply: type[R], timeout: float | None) -> R:
+        raise NotImplementedError
+
+    async def send(self, body: Body, *, stream_id: int | None = None) -> None:
         raise NotImplementedError
 
     async def send_message(
@@ -191,6 +200,38 @@ class FrameCalls:
             snapshot_revision=snapshot_revision, page_cursor=page_cursor, limit=limit
         )
         return await self._call(body, SessionListBatch, timeout)
+
+    async def load_session_list(
+        self, *, limit: int = 0, timeout: float | None = None
+    ) -> list[SessionEntry]:
+        """Every page of PULL_SESSION_LIST into :attr:`sessions`; a revision change mid-way
+        starts again from page 1 (12.8.2). Returns the list in display order."""
+        for _ in range(10):
+            batch = await self.pull_session_list(limit=limit, timeout=timeout)
+            self.sessions.apply_page(batch, first=True)
+            while batch.has_more:
+                batch = await self.pull_session_list(
+                    snapshot_revision=batch.snapshot_revision,
+                    page_cursor=batch.next_page_cursor,
+                    limit=limit,
+                    timeout=timeout,
+                )
+                if not self.sessions.apply_page(batch, first=False):
+                    break
+            else:
+                return self.sessions.ordered()
+        raise UnexpectedFrame("the session list kept changing revision while paging")
+
+    async def mark_read(self, conversation_id: str, read_conversation_seq: int) -> None:
+        """MARK_READ (A.3): forward only, no reply; the other devices get READ_SYNC. Applied
+        to the local list at once (12.5.1 recomputed from the row: read >= latest -> 0)."""
+        body = MarkRead(
+            conversation_id=conversation_id, read_conversation_seq=read_conversation_seq
+        )
+        await self.send(body)
+        self.sessions.apply_read_sync(
+            ReadSync(conversation_id=conversation_id, read_conversation_seq=read_conversation_seq)
+        )
 
     async def create_group(
         self, group_id: str, member_ids: tuple[str, ...] = (), *, timeout: float | None = None

@@ -42,6 +42,7 @@ from qim.client.errors import (
 from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import identity_from_token
+from qim.client.sessions import SessionList
 from qim.client.state import ClientEvent, ClientState, ClientStateMachine
 from qim.client.transport import Transport
 from qim.schemas.frames import (
@@ -130,6 +131,7 @@ class QimClient(FrameCalls):
         self.kicked: Kicked | None = None
         self.last_error: QimError | None = None  # last connection-level ERROR (request_id 0)
         self.last_applied_mailbox_seq = 0  # the application's cursor, reported in PING
+        self.sessions = SessionList()
         self.unknown_frames = 0  # skipped per §27.1.2
         self.late_replies = 0  # replies to requests that had already timed out
 
@@ -313,6 +315,12 @@ class QimClient(FrameCalls):
             if future.done() and not future.cancelled():
                 future.exception()  # it may have failed while we were still sending: retrieved
 
+    def applied(self, mailbox_seq: int) -> None:
+        """The application stored the device's mailbox up to ``mailbox_seq``: PING reports
+        it, and session deltas held for it are applied (12.6.4)."""
+        self.last_applied_mailbox_seq = max(self.last_applied_mailbox_seq, mailbox_seq)
+        self.sessions.caught_up(self.last_applied_mailbox_seq)
+
     async def send(self, body: Body, *, stream_id: int | None = None) -> None:
         """Send a frame that has no reply (MARK_READ, TYPING, ...) with request_id 0."""
         self._require_open()
@@ -434,6 +442,8 @@ class QimClient(FrameCalls):
             self.kicked = body
         elif isinstance(body, Error):
             self.last_error = QimError.from_frame(body)
+        else:  # SESSION_DELTA, BADGE_UPDATE, READ_SYNC keep the local list (12.6.2)
+            self.sessions.on_frame(body, self.last_applied_mailbox_seq)
         self._events.put_nowait(frame)
 
     async def _ping_loop(self) -> None:

@@ -40,15 +40,16 @@ from qim.gateway.forwarder import RequestForwarder
 from qim.gateway.logins import jittered
 from qim.gateway.ports import AuthGrant
 from qim.gateway.replies import ReplyVerdict
+from qim.gateway.session_requests import LIST_CORRELATION, SessionListRequests, UserRecord
 from qim.gateway.sync_barrier import reply_error
 from qim.schemas.frames import Error, ErrorCode, Frame, MailboxBatch, MailboxCursor, PullMailbox
+from qim.schemas.frames.history import SessionListBatch
 from qim.schemas.records.user_requests import (
     AuthSyncResult,
     MailboxReply,
     PullMailboxRequest,
     SyncAuthRequest,
     decode_mailbox_reply,
-    encode_user_record,
     mailbox_partition,
 )
 
@@ -75,28 +76,12 @@ def pull_after_seq(correlation_id: str) -> int | None:
 
 
 @dataclass(frozen=True, slots=True)
-class _UserRecord:
-    """A user request as the forwarder's ``Outgoing``."""
-
-    request: SyncAuthRequest | PullMailboxRequest
-    partition: int
-
-    @property
-    def key(self) -> bytes:
-        return self.request.key
-
-    @property
-    def value(self) -> bytes:
-        return encode_user_record(self.request)
-
-
-@dataclass(frozen=True, slots=True)
 class _Waiter:
     identity: _Identity
     future: asyncio.Future[AuthSyncResult | Error]
 
 
-class MailboxRequests:
+class MailboxRequests(SessionListRequests):
     """User requests out through the router's forwarder, MailboxReplies in from its reader."""
 
     def __init__(
@@ -182,7 +167,7 @@ class MailboxRequests:
                 future.set_result(self._unreachable(shard, "kafka"))
 
         try:
-            if not self._forwarder.submit(_UserRecord(request, shard), produced, topic=self.topic):
+            if not self._forwarder.submit(UserRecord(request, shard), produced, topic=self.topic):
                 return self._unreachable(shard, "queue_full")
             try:
                 async with asyncio.timeout(self._timeout_s):
@@ -230,12 +215,19 @@ class MailboxRequests:
             else:
                 self._pull_failed(conn, rid, shard, "kafka")
 
-        if not self._forwarder.submit(_UserRecord(request, shard), produced, topic=self.topic):
+        if not self._forwarder.submit(UserRecord(request, shard), produced, topic=self.topic):
             self._pull_failed(conn, rid, shard, "queue_full")
 
-    def _pull_failed(self, conn: Connection, request_id: int, shard: int, reason: str) -> None:
+    def _pull_failed(
+        self,
+        conn: Connection,
+        request_id: int,
+        shard: int,
+        reason: str,
+        kind: str = "pull_mailbox",
+    ) -> None:
         """The pull never left: SHARD_MOVED{retry_after_ms} for that request, link kept."""
-        self.requests.labels(kind="pull_mailbox", result=reason).inc()
+        self.requests.labels(kind=kind, result=reason).inc()
         if conn.closing or conn.session.closed:
             return
         error = Error(
@@ -275,7 +267,7 @@ class MailboxRequests:
         if waiter.identity != identity:
             return ReplyVerdict.STALE_EPOCH
         body = reply.body
-        if isinstance(body, MailboxBatch):  # a pull's answer under a login's id: not ours
+        if isinstance(body, MailboxBatch | SessionListBatch):  # a read's answer: not a login's
             return ReplyVerdict.MALFORMED
         if not waiter.future.done():
             waiter.future.set_result(body)
@@ -284,10 +276,17 @@ class MailboxRequests:
     @staticmethod
     def _frames(conn: Connection, reply: MailboxReply) -> list[Action]:
         session, rid = conn.session, reply.request_id
+        body = reply.body
+        if reply.correlation_id == LIST_CORRELATION or isinstance(body, SessionListBatch):
+            if isinstance(body, Error):  # PULL_SESSION_LIST's answer, whatever the sync
+                return [Send(reply_error(body, rid), request_id=rid, version=session.version)]
+            if isinstance(body, SessionListBatch):
+                return [Send(body, request_id=rid, version=session.version)]
+            return []
         after_seq = pull_after_seq(reply.correlation_id)
         if session.sync is not None:
-            return session.sync.served(rid, after_seq, reply.body, session.version)
-        body = reply.body  # a session that was never synced (renewed across a config change)
+            return session.sync.served(rid, after_seq, body, session.version)
+        # a session that was never synced (renewed across a config change)
         if isinstance(body, Error):
             return [Send(reply_error(body, rid), request_id=rid, version=session.version)]
         if isinstance(body, MailboxBatch):

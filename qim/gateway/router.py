@@ -55,6 +55,8 @@ from qim.gateway.routing import Routed, request_kind, route_frame
 from qim.gateway.routing_metrics import RoutingMetrics
 from qim.observability.logging import trace
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, for_code
+from qim.schemas.frames.control import MarkRead
+from qim.schemas.frames.history import PullSessionList
 from qim.schemas.records.push import (
     PresenceStale,
     PushBatch,
@@ -189,6 +191,12 @@ class ConversationRouter:
         if self.mailbox is not None and isinstance(frame.body, PullMailbox):
             self.mailbox.pull(conn, frame)
             return
+        if self.mailbox is not None and isinstance(frame.body, PullSessionList):
+            self.mailbox.session_list(conn, frame)
+            return
+        if self.mailbox is not None and isinstance(frame.body, MarkRead):
+            self.mailbox.mark_read(conn, frame)
+            return
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(
             frame, grant, connection_shard=shard, partition_count=self.forwarder.partition_count
@@ -260,6 +268,10 @@ class ConversationRouter:
         resolved = resolve_reply(value, self._registry)
         if self.mailbox is not None and value and resolved.kind == "mailbox_reply":
             verdict = self.mailbox.deliver(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
+        if self.mailbox is not None and value and resolved.kind == "session_push":
+            verdict = self.mailbox.session_push(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
             return verdict
         if value and resolved.kind == "push_batch":

@@ -67,7 +67,7 @@ DISPATCH = TopicSpec(
     key="(tenant, dispatch_id) or (tenant, user_id)",
     cleanup="delete",
     retention_ms=8 * DAY_MS,
-    producer="FanoutCoordinator, ConnectionNode (user-state commands)",
+    producer="FanoutCoordinator, MailboxNode (user-state commands from user-requests)",
     consumer="MailboxNode",
 )
 PRESENCE = TopicSpec(
@@ -88,7 +88,10 @@ USER_REQUESTS = TopicSpec(
     cleanup="delete",
     retention_ms=HOUR_MS,
     producer="ConnectionNode",
-    consumer="MailboxNode (reads: auth sync, pull mailbox, session list; PRESENCE_STALE)",
+    consumer=(
+        "MailboxNode (reads: auth sync, pull mailbox, session list; user-state changes;"
+        " PRESENCE_STALE)"
+    ),
 )
 TO_GATEWAY = TopicSpec(
     name="qim.to-gateway",

@@ -33,12 +33,15 @@ from qim.devstack.stack import Stack
 from qim.params import Settings
 from qim.schemas import dispatch_id, hash_input
 from qim.schemas.frames import ErrorCode, MailboxCursor, PullMailbox, SyncEntry
+from qim.schemas.frames.history import PullSessionList, SessionEntry
 from qim.schemas.records.dispatch import GroupDispatch, encode_dispatch_record
 from qim.schemas.records.membership import MemberSliceRecord, encode_membership_record
 from qim.schemas.records.user_requests import (
     MailboxReply,
     PullMailboxRequest,
+    PullSessionListRequest,
     SyncAuthRequest,
+    UserStateRequest,
     decode_mailbox_reply,
     encode_user_record,
     mailbox_partition,
@@ -281,8 +284,39 @@ class Client:
         tp = TopicPartition(DISPATCH.name, shard)
         return int((await self._consumer.end_offsets([tp]))[tp])
 
+    async def send(self, request: UserStateRequest) -> None:
+        """A request without a reply (a user-state change), at the user's MailboxShard."""
+        partition = shard_of(request.tenant_id, request.user_id)
+        await self._producer.send_and_wait(
+            USER_REQUESTS.name, encode_user_record(request), key=request.key, partition=partition
+        )
+
+    async def session_list(self, tenant: str, user: str, limit: int = 2) -> list[SessionEntry]:
+        """Every page of PULL_SESSION_LIST (``limit`` rows each, keyset cursors) in order;
+        a revision change mid-way restarts, as a client does (12.8.2)."""
+        out: list[SessionEntry] = []
+        message = PullSessionList(limit=limit)
+        while True:
+            reply = await self.call(
+                PullSessionListRequest(**_session(tenant, user), message=message)
+            )
+            batch = reply.session_list
+            assert batch is not None, reply
+            if message.page_cursor and batch.snapshot_revision != message.snapshot_revision:
+                out = []
+            out.extend(batch.sessions)
+            if not batch.has_more:
+                return out
+            message = PullSessionList(
+                snapshot_revision=batch.snapshot_revision,
+                page_cursor=batch.next_page_cursor,
+                limit=limit,
+            )
+
     async def call(
-        self, request: SyncAuthRequest | PullMailboxRequest, within: float = TIMEOUT
+        self,
+        request: SyncAuthRequest | PullMailboxRequest | PullSessionListRequest,
+        within: float = TIMEOUT,
     ) -> MailboxReply:
         """Send and wait for the reply; SHARD_MOVED is retried after its retry_after_ms."""
         loop = asyncio.get_running_loop()
@@ -338,9 +372,17 @@ def pull(tenant: str, user: str, after: int = 0) -> PullMailboxRequest:
     return PullMailboxRequest(**_session(tenant, user), message=PullMailbox(after_seq=after))
 
 
+def user_state(
+    tenant: str, user: str, conversation: str, action: str, device: str = "dev", **fields: Any
+) -> UserStateRequest:
+    """A user-state change (MARK_READ, mark unread, delete...) as the gateway forwards it."""
+    session = {**_session(tenant, user), "device_id": device}
+    return UserStateRequest(**session, conversation_id=conversation, action=action, **fields)
+
+
 def _with_correlation(
-    request: SyncAuthRequest | PullMailboxRequest, correlation: str
-) -> SyncAuthRequest | PullMailboxRequest:
+    request: SyncAuthRequest | PullMailboxRequest | PullSessionListRequest, correlation: str
+) -> SyncAuthRequest | PullMailboxRequest | PullSessionListRequest:
     return msgspec.structs.replace(request, correlation_id=correlation)
 
 

@@ -42,6 +42,7 @@ from qim.schemas.records import (
     encode_membership_record,
     encode_outbox_record,
 )
+from qim.schemas.records.user_state import UserStateCommand
 from qim.streams.identity import fetch_log_identity
 from tests.integration.workers import FaustWorker
 from tests.unit.agents.test_fanout_seed import checkpoint_of
@@ -203,7 +204,8 @@ async def outbox_log(p: Pipeline) -> list[tuple[int, int, OutboxRecord]]:
 
 async def dispatch_log(p: Pipeline) -> list[tuple[int, DispatchLogRecord]]:
     rows = await read_topic(p.bootstrap, p.dispatch, SHARDS)
-    return [(part, decode_dispatch_record(value)) for part, _, value in rows]
+    decoded = [(part, decode_dispatch_record(value)) for part, _, value in rows]
+    return [(part, r) for part, r in decoded if not isinstance(r, UserStateCommand)]
 
 
 async def committed(p: Pipeline) -> dict[int, int]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from qim.core.session_list.config import SessionListConfig
 from qim.params import Settings
 from qim.schemas.routing import mailbox_shard_id, user_bucket, validate_shard_config
 
@@ -38,6 +39,8 @@ class MailboxConfig:
     MESSAGE entry's ``mention_type`` (spec 11.4.1, I-29 of ch. 10-11, case 26.3.1); the
     MENTION entry is the ``mention_only`` tier's (which needs an ADR to enable, I-32). Moves to
     the dispatch's event_template once the FanoutCoordinator decides the tier per message."""
+    session_list: SessionListConfig = field(default_factory=SessionListConfig)
+    """The session fold's B.6 values (``sessions``): replay needs the same ones."""
 
     def __post_init__(self) -> None:
         validate_shard_config(
@@ -76,6 +79,7 @@ class MailboxConfig:
             max_mailbox_entries_per_user=settings.max_mailbox_entries_per_user,
             mailbox_entry_cap_hysteresis=settings.mailbox_entry_cap_hysteresis,
             dispatch_progress_retention_ms=settings.dispatch_progress_retention,
+            session_list=SessionListConfig.from_settings(settings),
         )
 
     @property

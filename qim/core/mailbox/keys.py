@@ -37,6 +37,9 @@ text ids are UTF-8 and NUL-terminated where a longer id could otherwise extend a
       W_floor[lane], the published lower bound checked at takeover (10.4.2 (2)).
     M                                                                 -> ShardMeta
       applied mailbox_seq, shard_epoch and log time of the fold.
+
+The session list's keyspaces (``U`` UserConversationState, ``J`` projection + badge, ``R``
+message facts for the recount) are defined in ``qim.core.mailbox.sessions``.
 """
 
 from __future__ import annotations

@@ -45,7 +45,9 @@ from qim.core.mailbox.result import (
     WrittenGroup,
 )
 from qim.core.mailbox.retention import expiry_at, trim_user
+from qim.core.mailbox.sessions import SessionFolds
 from qim.core.mailbox.slicestore import SliceCache, load_departures, load_slice, store_chunk
+from qim.core.mailbox.user_state import apply_command, apply_membership
 from qim.core.mailbox.values import (
     DispatchProgress,
     ProgressState,
@@ -62,12 +64,13 @@ from qim.core.membership.errors import MembershipLogError
 from qim.core.membership.slices import ShardSlice
 from qim.schemas.events import EventType
 from qim.schemas.records.dispatch import (
-    DispatchLogRecord,
     GroupDispatch,
+    ShardLogRecord,
     decode_dispatch_record,
     encode_dispatch_record,
 )
 from qim.schemas.records.membership import MemberSliceRecord
+from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.routing import lane_id
 from qim.schemas.seqs import MAX_EPOCH, compose_mailbox_seq
 
@@ -78,7 +81,7 @@ _EVENT_TYPES = frozenset(int(t) for t in EventType)
 
 def materialize(
     view: KVReader,
-    batch: Sequence[tuple[int, DispatchLogRecord]],
+    batch: Sequence[tuple[int, ShardLogRecord]],
     *,
     shard_epoch: int,
     config: MailboxConfig,
@@ -118,8 +121,9 @@ class _Fold:
         self.written: list[WrittenGroup] = []
         self.metrics = dict.fromkeys(METRICS, 0)
         self.cap_evicted: dict[str, int] = {}
+        self.sessions = SessionFolds(self.kv, config.session_list)
 
-    def apply(self, offset: int, record: DispatchLogRecord) -> None:
+    def apply(self, offset: int, record: ShardLogRecord) -> None:
         seq = compose_mailbox_seq(self.epoch, offset)
         if seq <= self.applied:
             self.metrics["dispatch_record_replayed_total"] += 1
@@ -129,6 +133,8 @@ class _Fold:
             self._dispatch(seq, record)
         elif isinstance(record, MemberSliceRecord):
             self._slice(record)
+        elif isinstance(record, UserStateCommand):
+            self._user_state(seq, record)
         else:  # a kind this build does not know yet: occupies its offset, changes nothing
             self.metrics["unknown_record_total"] += 1
 
@@ -216,10 +222,15 @@ class _Fold:
             lanes.add(lane)
             written += len(rows)
             self.written.append(WrittenGroup(tenant, user, lane, seq, len(rows)))
+            if d.event_type == EventType.MEMBERSHIP:
+                apply_membership(self.sessions, seq, d, user, rows[0].event_id)
+            self.sessions.entries(tenant, user, seq, rows)
             if count > config.max_mailbox_entries_per_user:
                 over_cap.append(user)
         if written and not d.inline_body:
             self._keep_body(d)
+        if written:
+            self._keep_facts(seq, d)
         dkey = keys.dispatch_key(tenant, d.dispatch_id)
         expire = d.committed_at + config.dispatch_progress_retention_ms
         progress = DispatchProgress(
@@ -264,6 +275,36 @@ class _Fold:
             expire = min(expire, d.committed_at + DAY_MS)
         self.kv.put(keys.expiry_key(expire, bkey), b"")
 
+    def _keep_facts(self, seq: int, d: GroupDispatch) -> None:
+        """The session recount's copy of the message (``session_store.StoredFacts``), expiring
+        with the body."""
+        fkey = self.sessions.facts(d, seq)
+        expire = expiry_at(d.committed_at, self.config.retention_days(d.tenant_id))
+        if d.retention_class == "ephemeral_24h":
+            expire = min(expire, d.committed_at + DAY_MS)
+        self.kv.put(keys.expiry_key(expire, fkey), b"")
+
+    def _user_state(self, seq: int, c: UserStateCommand) -> None:
+        """A user's own state change (12.9): the 7.5 row, the CONTROL entry, the projection."""
+        if c.target_mailbox_shard != self.config.mailbox_shard or not self.config.in_this_shard(
+            c.tenant_id, c.user_id
+        ):
+            self.metrics["dispatch_misrouted_total"] += 1
+            return
+        self.log_now = max(self.log_now, c.committed_at)
+        rows = apply_command(self.sessions, seq, c)
+        if not rows:
+            return
+        tenant, user = c.tenant_id, c.user_id
+        for row in rows:
+            key = keys.entry_key(tenant, user, seq, row.event_ordinal, row.event_id)
+            self.kv.put(key, encode_value(row.entry))
+        counter = keys.count_key(tenant, user)
+        self.kv.put(counter, encode_u64(decode_u64(self.kv.get(counter)) + len(rows)))
+        self.metrics["mailbox_entries_written_total"] += len(rows)
+        lane = lane_id(tenant, user, self.config.lane_count)
+        self.written.append(WrittenGroup(tenant, user, lane, seq, len(rows)))  # pushed too
+
     def _bound(self) -> int:
         """Highest mailbox_seq every lane has materialized at this point of the fold: trims
         stop there, so a line never passes a dispatch still waiting for its slice."""
@@ -278,6 +319,7 @@ class _Fold:
             self.kv.put(keys.WATERMARKS, encode_vector(watermarks))
         if floor != self.floor:
             self.kv.put(keys.FLOOR, encode_vector(floor))
+        sessions = self.sessions.finish()
         meta = ShardMeta(applied_seq=self.applied, shard_epoch=self.epoch, log_now_ms=self.log_now)
         if meta != self.meta:
             self.kv.put(keys.META, encode_value(meta))
@@ -290,4 +332,5 @@ class _Fold:
             written=tuple(self.written),
             metrics=self.metrics,
             cap_evicted=dict(sorted(self.cap_evicted.items())),
+            sessions=sessions,
         )

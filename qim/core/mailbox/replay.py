@@ -23,7 +23,7 @@ from qim.core.mailbox.materialize import materialize
 from qim.core.mailbox.result import MaterializeResult
 from qim.core.mailbox.slicestore import SliceCache
 from qim.core.mailbox.values import ShardMeta, decode_value, decode_vector
-from qim.schemas.records.dispatch import DispatchLogRecord
+from qim.schemas.records.dispatch import ShardLogRecord
 
 __all__ = ["commit", "diff_stores", "replay", "resume_from", "store_bytes", "store_digest"]
 
@@ -31,7 +31,7 @@ _LEN = struct.Struct(">I")
 
 
 def replay(
-    log: Sequence[tuple[int, DispatchLogRecord]],
+    log: Sequence[tuple[int, ShardLogRecord]],
     *,
     shard_epoch: int,
     config: MailboxConfig,

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Final
 
 from qim.core.mailbox.ports import Op
+from qim.core.mailbox.sessions import SessionChange
 from qim.schemas.records.dispatch import GroupDispatch
 
 __all__ = ["FIRST_SHARD_EPOCH", "METRICS", "MaterializeResult", "PendingDispatch", "WrittenGroup"]
@@ -78,3 +79,5 @@ class MaterializeResult:
     metrics: dict[str, int] = field(default_factory=dict)
     cap_evicted: dict[str, int] = field(default_factory=dict)
     """``mailbox_entry_cap_evicted_total`` by tenant (26.1.6 asks for ``{tenant}``)."""
+    sessions: tuple[SessionChange, ...] = ()
+    """Per user: the session rows, badge and read watermarks the batch changed (deltas)."""

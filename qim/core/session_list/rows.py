@@ -134,8 +134,10 @@ def badge_of(projection: UserProjection, config: SessionListConfig) -> tuple[int
     return (sums[0], sums[1], sums[2])
 
 
-_ENCODER: Final = msgspec.msgpack.Encoder(order="deterministic")
-_DECODER: Final = msgspec.msgpack.Decoder(UserProjection)
+# JSON, not msgpack: ``last_activity_id`` / ``last_message_id`` are u128 ints, which msgpack
+# cannot carry as integers (it stops at 64 bits).
+_ENCODER: Final = msgspec.json.Encoder(order="deterministic")
+_DECODER: Final = msgspec.json.Decoder(UserProjection)
 
 
 def encode_projection(projection: UserProjection) -> bytes:

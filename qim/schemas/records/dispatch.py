@@ -21,11 +21,13 @@ from qim.schemas.frames.base import U8, U32, U64, U128
 from qim.schemas.hashing import hash_input
 from qim.schemas.records.membership import MemberSliceRecord
 from qim.schemas.records.outbox import ConversationKind, RetentionClass
+from qim.schemas.records.user_state import UserStateCommand
 
 __all__ = [
     "DispatchLogRecord",
     "EventTemplate",
     "GroupDispatch",
+    "ShardLogRecord",
     "decode_dispatch_record",
     "dispatch_key",
     "encode_dispatch_record",
@@ -114,9 +116,13 @@ class GroupDispatch(
 
 
 DispatchLogRecord: TypeAlias = GroupDispatch | MemberSliceRecord
-"""Every kind of the dispatch log; user state commands join this union with the session list."""
+"""What the FanoutCoordinator writes to the dispatch log."""
 
-_DECODER: msgspec.msgpack.Decoder[DispatchLogRecord] = msgspec.msgpack.Decoder(DispatchLogRecord)
+ShardLogRecord: TypeAlias = GroupDispatch | MemberSliceRecord | UserStateCommand
+"""Every kind of the dispatch log: the fanout's plus the MailboxNode's own appends of users'
+state commands (``UserStateCommand``, 12.9)."""
+
+_DECODER: msgspec.msgpack.Decoder[ShardLogRecord] = msgspec.msgpack.Decoder(ShardLogRecord)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
@@ -127,10 +133,10 @@ def dispatch_key(tenant_id: str, dispatch_id: bytes) -> bytes:
     return hash_input(tenant_id, dispatch_id)
 
 
-def encode_dispatch_record(record: DispatchLogRecord) -> bytes:
+def encode_dispatch_record(record: ShardLogRecord) -> bytes:
     return _ENCODER.encode(record)
 
 
-def decode_dispatch_record(data: bytes) -> DispatchLogRecord:
+def decode_dispatch_record(data: bytes) -> ShardLogRecord:
     """Decode a dispatch-log value; raises ``msgspec.ValidationError`` / ``DecodeError``."""
     return _DECODER.decode(data)

@@ -5,8 +5,10 @@ Topics (direction.md section 3):
 * ``qim.user-requests``: key :func:`~qim.schemas.records.requests.user_key` ``(tenant,
   user_id)``, **explicit partition** = the user's MailboxShard (:func:`mailbox_partition`), so
   the request reaches the worker that owns the shard's dispatch partition: the same group
-  assignment decides both (direction.md 4.1). Reads only; the topic also carries the gateway's
-  :class:`~qim.schemas.records.push.PresenceStale` (``kind="presence_stale"``).
+  assignment decides both (direction.md 4.1). Reads (auth sync, pull mailbox, pull session
+  list), the gateway's :class:`~qim.schemas.records.push.PresenceStale`
+  (``kind="presence_stale"``) and :class:`UserStateRequest` (MARK_READ ...), which the owner
+  does not apply: it appends it to the shard's dispatch partition as a ``UserStateCommand``.
 * ``qim.to-gateway``: :class:`MailboxReply` at **explicit partition** = ``connection_shard``,
   key ``(tenant, user_id)``, next to the ConversationWriter's ``WriterReply`` (``kind="reply"``)
   and the PushBatch (``kind="push_batch"``).
@@ -23,6 +25,7 @@ Wire shape of the reply (msgpack map, defaults omitted, unknown keys ignored)::
       exactly one of:
         auth_sync: AuthSyncResult            answer to SyncAuthRequest (AUTH_OK sync fields)
         mailbox_batch: MailboxBatch          answer to PullMailboxRequest (MAILBOX_BATCH body)
+        session_list: SessionListBatch       answer to PullSessionListRequest (SESSION_LIST_BATCH)
         error: Error                         CURSOR_INVALID / CURSOR_EXPIRED / CURSOR_REBASED /
                                              SHARD_MOVED{retry_after_ms} (ERROR body)
 
@@ -36,8 +39,9 @@ from typing import Any, Final, TypeAlias
 
 import msgspec
 
-from qim.schemas.frames.base import U8, U32, U64
+from qim.schemas.frames.base import I32, U8, U32, U64
 from qim.schemas.frames.connection import AuthOk, Error, MailboxCursor
+from qim.schemas.frames.history import PullSessionList, SessionListBatch
 from qim.schemas.frames.mailbox import MailboxBatch, PullMailbox
 from qim.schemas.records.push import PresenceStale, PushBatch
 from qim.schemas.records.requests import WriterReply, user_key
@@ -48,8 +52,10 @@ __all__ = [
     "GatewayBoundRecord",
     "MailboxReply",
     "PullMailboxRequest",
+    "PullSessionListRequest",
     "SyncAuthRequest",
     "UserRequest",
+    "UserStateRequest",
     "decode_gateway_bound",
     "decode_mailbox_reply",
     "decode_user_request",
@@ -110,8 +116,30 @@ class PullMailboxRequest(_FromSession, tag="pull_mailbox", kw_only=True, frozen=
     message: PullMailbox
 
 
-UserRequest: TypeAlias = SyncAuthRequest | PullMailboxRequest | PresenceStale
-"""Every kind of ``qim.user-requests``. Add a kind (the session list) here; consumers first."""
+class PullSessionListRequest(_FromSession, tag="pull_session_list", kw_only=True, frozen=True):
+    """PULL_SESSION_LIST (A.3) with the session's identity; answered with ``.session_list``."""
+
+    message: PullSessionList
+
+
+class UserStateRequest(_FromSession, tag="user_state", kw_only=True, frozen=True):
+    """A user's own state change (MARK_READ, mark unread, clear history, delete, pin, mute,
+    archive; 12.9): the owning MailboxNode appends it to the shard log as a
+    ``UserStateCommand`` and materializes it from there. No reply (fire and forget: the
+    result arrives as READ_SYNC / SESSION_DELTA / BADGE_UPDATE and the CONTROL entry)."""
+
+    conversation_id: str
+    action: str
+    read_conversation_seq: U64 = 0
+    flag: bool = False
+    pin_rank: I32 | None = None
+    notification_policy: str = ""
+
+
+UserRequest: TypeAlias = (
+    SyncAuthRequest | PullMailboxRequest | PullSessionListRequest | UserStateRequest | PresenceStale
+)
+"""Every kind of ``qim.user-requests``. Add a kind here; deploy consumers first."""
 
 
 class AuthSyncResult(
@@ -137,6 +165,11 @@ class AuthSyncResult(
     start_seq: U64 = 0
     mailbox_cursor_token: bytes = b""
     shard_epoch: U64 = 0
+    total_unread: U32 = 0
+    total_mention: U32 = 0
+    muted_unread: U32 = 0
+    badge_projection_mailbox_seq: U64 = 0
+    projection_complete: bool = False
 
     def auth_ok(self, **fields: Any) -> AuthOk:
         """AUTH_OK with these sync fields; ``fields`` adds session_epoch, badges, hints..."""
@@ -149,6 +182,11 @@ class AuthSyncResult(
             pending_entry_count_hint=self.pending_entry_count_hint,
             pending_bytes_hint=self.pending_bytes_hint,
             mailbox_cursor_token=self.mailbox_cursor_token,
+            total_unread=self.total_unread,
+            total_mention=self.total_mention,
+            muted_unread=self.muted_unread,
+            badge_projection_mailbox_seq=self.badge_projection_mailbox_seq,
+            projection_complete=self.projection_complete,
             **fields,
         )
 
@@ -171,17 +209,19 @@ class MailboxReply(_Record, tag="mailbox_reply", kw_only=True, frozen=True):
     auth_sync: AuthSyncResult | None = None
     mailbox_batch: MailboxBatch | None = None
     error: Error | None = None
+    session_list: SessionListBatch | None = None
 
     def __post_init__(self) -> None:
-        bodies = (self.auth_sync, self.mailbox_batch, self.error)
+        bodies = (self.auth_sync, self.mailbox_batch, self.error, self.session_list)
         if sum(b is not None for b in bodies) != 1:
             raise ValueError(
-                "a MailboxReply carries exactly one of auth_sync, mailbox_batch, error"
+                "a MailboxReply carries exactly one of auth_sync, mailbox_batch, session_list,"
+                " error"
             )
 
     @property
-    def body(self) -> AuthSyncResult | MailboxBatch | Error:
-        for b in (self.auth_sync, self.mailbox_batch, self.error):
+    def body(self) -> AuthSyncResult | MailboxBatch | SessionListBatch | Error:
+        for b in (self.auth_sync, self.mailbox_batch, self.session_list, self.error):
             if b is not None:
                 return b
         raise AssertionError("unreachable: checked in __post_init__")
@@ -206,7 +246,13 @@ _REPLY: Final = msgspec.msgpack.Decoder(MailboxReply)
 _GATEWAY: msgspec.msgpack.Decoder[GatewayBoundRecord] = msgspec.msgpack.Decoder(GatewayBoundRecord)
 
 
-def encode_user_record(record: SyncAuthRequest | PullMailboxRequest | MailboxReply) -> bytes:
+def encode_user_record(
+    record: SyncAuthRequest
+    | PullMailboxRequest
+    | PullSessionListRequest
+    | UserStateRequest
+    | MailboxReply,
+) -> bytes:
     """msgpack bytes of a request or reply (deterministic: struct field order)."""
     return _ENCODER.encode(record)
 

@@ -170,6 +170,7 @@ class SyncProducer:
     fail_user_requests: bool = False
     user_request_partitions: int = SHARDS
     sent: list[tuple[str, bytes, bytes, int]] = field(default_factory=list)
+    others: list[tuple[int, object]] = field(default_factory=list)
 
     async def start(self) -> None:
         pass
@@ -198,7 +199,9 @@ class SyncProducer:
             return future
         future.set_result(None)
         request = decode_user_request(value)
-        assert isinstance(request, SyncAuthRequest | PullMailboxRequest)
+        if not isinstance(request, SyncAuthRequest | PullMailboxRequest):
+            self.others.append((partition, request))  # session list, user state, stale
+            return future
         self.mailbox.requests.append((partition, request))
         if self.mailbox.answering and self.deliver is not None:
             reply = encode_user_record(self.mailbox.answer(partition, request))

@@ -1,0 +1,287 @@
+"""The session list's keyspaces in the MailboxShard store, and their readers and writers.
+
+Grammar (as ``keys.py``)::
+
+    U tenant 00 user 00 conversation_id                   -> UserConversationState (7.5)
+      authoritative, changed only by ``UserStateCommand`` records; never trimmed.
+    J tenant 00 user                                      -> ProjectionHeader: the 7.7 badge
+      and the fold's position (``applied_through``).
+    K tenant 00 user 00 conversation_id                   -> SessionRow (7.6), JSON (u128 ids)
+      one row per conversation, so a message rewrites one row, not the user's whole list.
+      ``J`` + ``K`` are the projection: droppable, rebuilt by ``sessions.rebuild_user`` from the
+      retained entries plus ``U``.
+    R tenant 00 conversation_id 00 conversation_seq:u64 message_id:16  -> StoredFacts
+      what the bounded recount (12.5.2) and the preview need of one message, once per shard,
+      expiring with the body. The log-consistent :class:`ShardMessageSource` reads it.
+
+Why JSON for ``K``: a row's ``last_activity_id`` / ``last_message_id`` are u128 ints, which
+msgpack cannot carry. Reads here are log-consistent (:class:`ShardMessageSource`: a fact is
+visible only as of the mailbox record being folded, 12.5.2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Final
+
+import msgspec
+
+from qim.core.mailbox.keys import u64
+from qim.core.mailbox.kvstore import Overlay
+from qim.core.mailbox.ports import KVReader
+from qim.core.session_list import (
+    MessageFacts,
+    UserConversationState,
+    UserProjection,
+)
+from qim.core.session_list.rows import InputKey, SessionRow, UserBadgeState
+from qim.schemas.frames.base import MENTION_ALL, U64, MentionType
+from qim.schemas.hashing import validate_identifier
+from qim.schemas.records.dispatch import GroupDispatch
+
+__all__ = [
+    "CONV_STATE",
+    "FACTS",
+    "PREVIEW_BYTES",
+    "PROJECTION",
+    "ROW",
+    "ProjectionHeader",
+    "ShardMessageSource",
+    "StoredFacts",
+    "decode_state",
+    "encode_facts",
+    "encode_state",
+    "facts_key",
+    "facts_of",
+    "facts_prefix",
+    "load_header",
+    "load_projection",
+    "load_row",
+    "load_state",
+    "load_states",
+    "preview_of",
+    "projection_key",
+    "row_key",
+    "row_prefix",
+    "state_key",
+    "state_prefix",
+    "store_projection",
+]
+
+CONV_STATE: Final = b"U"
+PROJECTION: Final = b"J"
+ROW: Final = b"K"
+FACTS: Final = b"R"
+PREVIEW_BYTES: Final = 256
+
+
+def _t(value: str, name: str) -> bytes:
+    validate_identifier(value, name)
+    return value.encode("utf-8")
+
+
+def projection_key(tenant_id: str, user_id: str) -> bytes:
+    return PROJECTION + _t(tenant_id, "tenant_id") + b"\x00" + _t(user_id, "user_id")
+
+
+def row_prefix(tenant_id: str, user_id: str) -> bytes:
+    return ROW + _t(tenant_id, "tenant_id") + b"\x00" + _t(user_id, "user_id") + b"\x00"
+
+
+def row_key(tenant_id: str, user_id: str, conversation_id: str) -> bytes:
+    return row_prefix(tenant_id, user_id) + _t(conversation_id, "conversation_id")
+
+
+def state_prefix(tenant_id: str, user_id: str) -> bytes:
+    return CONV_STATE + _t(tenant_id, "tenant_id") + b"\x00" + _t(user_id, "user_id") + b"\x00"
+
+
+def state_key(tenant_id: str, user_id: str, conversation_id: str) -> bytes:
+    return state_prefix(tenant_id, user_id) + _t(conversation_id, "conversation_id")
+
+
+def facts_prefix(tenant_id: str, conversation_id: str) -> bytes:
+    return FACTS + _t(tenant_id, "tenant_id") + b"\x00" + _t(conversation_id, "conv") + b"\x00"
+
+
+def facts_key(
+    tenant_id: str, conversation_id: str, conversation_seq: int, message_id: bytes
+) -> bytes:
+    """``message_id`` last: one seq is one message, but a key of its own per message keeps
+    each row's expiry its own even if a log reused a seq."""
+    return facts_prefix(tenant_id, conversation_id) + u64(conversation_seq) + message_id
+
+
+class StoredFacts(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, kw_only=True):
+    """One message as the recount and the preview see it; ``mailbox_seq`` is when it arrived
+    (the "as of" filter of :class:`ShardMessageSource`)."""
+
+    mailbox_seq: U64
+    sender_id: str
+    counts_unread: bool = False
+    mention_targets: tuple[str, ...] = ()
+    reply_to_sender_id: str = ""
+    preview: bytes = b""
+
+    def mention_type(self, user_id: str) -> int:
+        """11.4.1 precedence, as ``qim.core.fanout.recipients.mention_type_of``."""
+        if user_id in self.mention_targets:
+            return int(MentionType.AT_ME)
+        if MENTION_ALL in self.mention_targets:
+            return int(MentionType.AT_ALL)
+        if self.reply_to_sender_id and self.reply_to_sender_id == user_id:
+            return int(MentionType.REPLY_ME)
+        return int(MentionType.NONE)
+
+
+class ProjectionHeader(msgspec.Struct, frozen=True, kw_only=True):
+    """The per-user part of the projection: badge and position (one version source)."""
+
+    badge: UserBadgeState = UserBadgeState()
+    applied_through: InputKey = (0, 0, 0)
+
+
+_ENC: Final = msgspec.msgpack.Encoder()
+_FACTS: Final = msgspec.msgpack.Decoder(StoredFacts)
+_STATE: Final = msgspec.msgpack.Decoder(UserConversationState)
+_HEADER: Final = msgspec.msgpack.Decoder(ProjectionHeader)
+_ROW_ENC: Final = msgspec.json.Encoder()
+_ROW: Final = msgspec.json.Decoder(SessionRow)
+
+
+def facts_of(d: GroupDispatch, mailbox_seq: int) -> StoredFacts:
+    template = d.event_template
+    return StoredFacts(
+        mailbox_seq=mailbox_seq,
+        sender_id=d.sender_id,
+        counts_unread=template.counts_unread,
+        mention_targets=tuple(template.mention_targets),
+        reply_to_sender_id=template.reply_to_sender_id,
+        preview=d.payload[:PREVIEW_BYTES],
+    )
+
+
+def encode_facts(facts: StoredFacts) -> bytes:
+    return _ENC.encode(facts)
+
+
+def encode_state(state: UserConversationState) -> bytes:
+    return _ENC.encode(state)
+
+
+def decode_state(data: bytes) -> UserConversationState:
+    return _STATE.decode(data)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardMessageSource:
+    """``MessageSource`` over the shard's ``R`` rows for one user (12.5.2): log-consistent
+    because a row is visible only when it arrived at or before ``as_of_mailbox_seq``."""
+
+    kv: KVReader
+    tenant_id: str
+    user_id: str
+
+    def read_range(
+        self,
+        conversation_id: str,
+        after_seq: int,
+        upto_seq: int,
+        limit: int,
+        as_of_mailbox_seq: int,
+    ) -> Sequence[MessageFacts]:
+        prefix = facts_prefix(self.tenant_id, conversation_id)
+        at = len(prefix)
+        out: list[MessageFacts] = []
+        for key, value in self.kv.scan(prefix, prefix + u64(after_seq + 1), False):
+            seq = int.from_bytes(key[at : at + 8], "big")
+            if seq > upto_seq or len(out) >= limit:
+                break
+            facts = _FACTS.decode(value)
+            if facts.mailbox_seq > as_of_mailbox_seq:
+                continue
+            out.append(
+                MessageFacts(
+                    conversation_seq=seq,
+                    sender_id=facts.sender_id,
+                    counts_unread=facts.counts_unread,
+                    mention_type=facts.mention_type(self.user_id),
+                )
+            )
+        return out
+
+
+def preview_of(kv: KVReader, tenant_id: str, conversation_id: str, seq: int) -> bytes:
+    """The payload copy of the message at ``seq`` (empty once it expired)."""
+    if not seq:
+        return b""
+    at = facts_prefix(tenant_id, conversation_id) + u64(seq)
+    for _, value in kv.scan(at, at, False):
+        return _FACTS.decode(value).preview
+    return b""
+
+
+def load_states(kv: KVReader, tenant_id: str, user_id: str) -> dict[str, UserConversationState]:
+    prefix = state_prefix(tenant_id, user_id)
+    out = {}
+    for _, value in kv.scan(prefix, prefix, False):
+        state = decode_state(value)
+        out[state.conversation_id] = state
+    return out
+
+
+def load_header(kv: KVReader, tenant_id: str, user_id: str) -> ProjectionHeader:
+    raw = kv.get(projection_key(tenant_id, user_id))
+    return ProjectionHeader() if raw is None else _HEADER.decode(raw)
+
+
+def load_row(kv: KVReader, tenant_id: str, user_id: str, conversation_id: str) -> SessionRow | None:
+    raw = kv.get(row_key(tenant_id, user_id, conversation_id))
+    return None if raw is None else _ROW.decode(raw)
+
+
+def load_state(
+    kv: KVReader, tenant_id: str, user_id: str, conversation_id: str
+) -> UserConversationState:
+    raw = kv.get(state_key(tenant_id, user_id, conversation_id))
+    return (
+        UserConversationState(conversation_id=conversation_id)
+        if raw is None
+        else (decode_state(raw))
+    )
+
+
+def load_projection(kv: KVReader, tenant_id: str, user_id: str) -> UserProjection:
+    """The whole stored projection (every row, the 7.5 states, badge and position); empty
+    rows over the states when it was dropped."""
+    header = load_header(kv, tenant_id, user_id)
+    prefix = row_prefix(tenant_id, user_id)
+    rows = {}
+    for _, value in kv.scan(prefix, prefix, False):
+        row = _ROW.decode(value)
+        rows[row.conversation_id] = row
+    return UserProjection(
+        user_id=user_id,
+        rows=rows,
+        states=load_states(kv, tenant_id, user_id),
+        badge=header.badge,
+        applied_through=header.applied_through,
+    )
+
+
+def store_projection(
+    kv: Overlay, tenant_id: str, p: UserProjection, before: UserProjection | None = None
+) -> None:
+    """Write ``p``'s header and every row that differs from ``before`` (the states are ``U``,
+    written where they change)."""
+    header = ProjectionHeader(badge=p.badge, applied_through=p.applied_through)
+    if before is None or (before.badge, before.applied_through) != (
+        p.badge,
+        p.applied_through,
+    ):
+        kv.put(projection_key(tenant_id, p.user_id), _ENC.encode(header))
+    for conv in sorted(p.rows):
+        row = p.rows[conv]
+        if before is None or before.rows.get(conv) != row:
+            kv.put(row_key(tenant_id, p.user_id, conv), _ROW_ENC.encode(row))
