@@ -7,7 +7,11 @@ transactions; an aborted append is never fanned out), auto-commit off, session t
 plain ``getmany`` relay (faust-kafka-notes 7), and the commit must follow the produce acks, not
 Faust's own acking.
 
-One fetch (up to ``max_records``) is one round, for every partition in it:
+Pipelined per partition: the records a fetch (up to ``max_records``) returned for a partition
+are that partition's next step, run as a task while the loop keeps fetching; records fetched
+while a step is in flight queue for the step after it (the partition pauses once
+``max_records`` queue). So one step at a time per partition, in log order, no partition waits
+for another's acks, and the consumer keeps prefetching. A step:
 
 1. ``PartitionFanout.feed``: each record in log order through ``FanoutState.apply_outbox``; a
    NotReady is held (counted, logged) and keeps the commit offset at it (``fanout_partition``);
@@ -15,15 +19,17 @@ One fetch (up to ``max_records``) is one round, for every partition in it:
    with a plain producer, ``acks="all"``, ``enable_idempotence=False`` (spec 6.5 / ADR-0017:
    idempotence would cap the requests in flight; duplicates are absorbed by the MailboxNode's
    dispatch-id dedup), and the futures are gathered;
-3. only then the partition's commit offset is committed (ADR-0012). A failed produce or commit
-   drops the partition's state and recovers it again from the committed offset: what was
-   produced goes out again, with the same ``dispatch_id``.
+3. only then the partition's commit offset is committed (ADR-0012; commits go one at a time, as
+   aiokafka sends them anyway). A failed produce or commit drops the partition's state and
+   recovers it again from the committed offset: what was produced goes out again, with the same
+   ``dispatch_id``. A partition whose offset moves without records (past the transaction
+   markers read_committed skips, or a recovered start) gets a step without records.
 
 Recovery (``fanout_recovery``) runs in this loop for newly assigned partitions, which are
 paused until it has rebuilt their state up to the committed offset and sought there. On
-revocation (aiokafka rebalances eagerly) the listener waits for the round in flight, so its
-commit lands before the partitions move, and keeps the states dormant for a quick return.
-A stop is a cancel: nothing is committed that was not acknowledged.
+revocation (aiokafka rebalances eagerly) the listener keeps the states dormant for a quick
+return and waits for the steps in flight, so their commits land before the partitions move.
+A stop cancels the steps: nothing is committed that was not acknowledged.
 """
 
 from __future__ import annotations
@@ -44,7 +50,7 @@ from prometheus_client import CollectorRegistry
 
 from qim.agents.fanout_metrics import FanoutMetrics
 from qim.agents.fanout_options import FanoutOptions
-from qim.agents.fanout_partition import Fed, PartitionFanout
+from qim.agents.fanout_partition import PartitionFanout
 from qim.agents.fanout_recovery import LogReader, recover_partition
 from qim.agents.fanout_round import feed_live, observe, produce, report_held
 from qim.params import Settings
@@ -54,7 +60,8 @@ __all__ = ["BeforeCommit", "FanoutCoordinatorService", "register"]
 log = logging.getLogger(__name__)
 
 BeforeCommit = Callable[[Mapping[int, int]], Awaitable[None]]
-"""Test seam: awaited after a round's acks, before its commit (``{partition: offset}``)."""
+"""Test seam: awaited after a step's acks, before its commit (``{partition: offset}``); one
+call at a time, and no commit runs while it is awaited."""
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
@@ -87,6 +94,9 @@ class FanoutCoordinatorService(Service):
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
+        self._commit_lock = asyncio.Lock()
+        self._inflight: dict[int, asyncio.Task[None]] = {}
+        self._queued: dict[int, list[Any]] = {}
         self._generation = 0
         self._assigned: set[int] = set()
         self._pending: set[int] = set()
@@ -119,7 +129,13 @@ class FanoutCoordinatorService(Service):
         self._consumer = consumer
 
     async def on_shutdown(self) -> None:
-        """After the loop is cancelled: leave the group, stop the producer; commit nothing."""
+        """After the loop is cancelled: cancel the steps, leave the group, stop the producer;
+        commit nothing more."""
+        tasks = list(self._inflight.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._inflight.clear()
         if self._consumer is not None:
             await self._consumer.stop()
         if self._producer is not None:
@@ -146,77 +162,107 @@ class FanoutCoordinatorService(Service):
                 await self.sleep(self.options.retry_s)
                 continue
             batches = {tp.partition: rs for tp, rs in fetched.items() if rs}
-            async with self._lock:
-                await self._round(consumer, batches)
+            for p, part in list(self._parts.items()):
+                records = batches.get(p, [])
+                if p in self._inflight:
+                    queued = self._queued.setdefault(p, [])
+                    queued += records
+                    if len(queued) >= self.options.max_records:
+                        self._pause(consumer, p)  # until the next step takes them
+                elif records or await self._due(consumer, p, part):
+                    self._start(consumer, p, part, records)
             self.metrics.held.set(sum(f.blocking for f in self._parts.values()))
             if time.monotonic() - self._reported >= self.options.held_report_interval_s:
                 self._reported = time.monotonic()
                 report_held(self._parts)
 
-    async def _round(self, consumer: AIOKafkaConsumer, batches: dict[int, list[Any]]) -> None:
-        """Steps 1-3 of the module docstring for one fetch (under the lock)."""
-        fed: dict[int, Fed] = {}
-        for p, records in batches.items():
-            part = self._parts.get(p)
-            if part is not None and part.stalled is None:
-                fed[p], pause = feed_live(part, records, self.metrics, self.options.max_held)
+    def _start(
+        self, consumer: AIOKafkaConsumer, p: int, part: PartitionFanout, records: list[Any]
+    ) -> None:
+        task = asyncio.create_task(self._step(consumer, p, part, records), name=f"fanout-p{p}")
+        self._inflight[p] = task
+        task.add_done_callback(_log_failure)
+
+    async def _step(
+        self, consumer: AIOKafkaConsumer, p: int, part: PartitionFanout, records: list[Any]
+    ) -> None:
+        """Steps 1-3 of the module docstring for one partition's records (none: a commit)."""
+        try:
+            if records and part.stalled is None:
+                fed, pause = feed_live(part, records, self.metrics, self.options.max_held)
                 if pause:
-                    consumer.pause(TopicPartition(self.options.outbox_topic, p))
-        assert self._producer is not None
-        topic = self.options.dispatch_topic
-        produced = (produce(self._producer, topic, f) for f in fed.values())
-        results = await asyncio.gather(*produced, return_exceptions=True)
-        now = time.time()
-        failed: set[int] = set()
-        for (p, f), result in zip(fed.items(), results, strict=True):
-            if isinstance(result, BaseException):
-                log.error("p%d: producing dispatches failed (%r); recovering it", p, result)
+                    self._pause(consumer, p)
+                assert self._producer is not None
+                try:
+                    await produce(self._producer, self.options.dispatch_topic, fed)
+                except Exception as exc:
+                    log.error("p%d: producing dispatches failed (%r); recovering it", p, exc)
+                    self.metrics.batch_failures.inc()
+                    self._reset(consumer, p)
+                    return
+                observe(self.metrics, fed, time.time())
+            if not self._queued.get(p):  # else the position is past records not yet fed
+                await self._seen(consumer, p, part)
+            if part.commit_offset > self._committed.get(p, -1):
+                await self._commit(consumer, p, part.commit_offset)
+        finally:
+            self._inflight.pop(p, None)
+        queued = self._queued.pop(p, [])
+        if queued and self._parts.get(p) is part:  # else reset, recovering or revoked
+            if part.stalled is None and len(part.held) < self.options.max_held:
+                with contextlib.suppress(IllegalStateError):  # paused for the queue
+                    consumer.resume(TopicPartition(self.options.outbox_topic, p))
+            self._start(consumer, p, part, queued)
+
+    async def _commit(self, consumer: AIOKafkaConsumer, p: int, offset: int) -> None:
+        async with self._commit_lock:
+            try:
+                if self._before_commit is not None:
+                    await self._before_commit({p: offset})
+                await consumer.commit({TopicPartition(self.options.outbox_topic, p): offset})
+                self.metrics.commits.inc()
+                self._committed[p] = offset
+            except (CommitFailedError, IllegalStateError) as exc:
+                log.info("p%d: outbox commit refused (%r): it moved in a rebalance", p, exc)
+            except Exception:
+                log.exception("p%d: outbox commit failed; recovering it", p)
                 self.metrics.batch_failures.inc()
                 self._reset(consumer, p)
-                failed.add(p)
-            else:
-                observe(self.metrics, f, now)
-        offsets = await self._offsets(consumer, failed)
-        if not offsets:
-            return
-        try:
-            if self._before_commit is not None:
-                await self._before_commit(offsets)
-            topic = self.options.outbox_topic
-            await consumer.commit({TopicPartition(topic, p): o for p, o in offsets.items()})
-            self.metrics.commits.inc()
-            self._committed.update(offsets)
-        except (CommitFailedError, IllegalStateError) as exc:
-            log.info("outbox commit refused (%r): the partitions moved in a rebalance", exc)
-        except Exception:
-            log.exception("outbox commit failed; recovering the partitions of the round")
-            self.metrics.batch_failures.inc()
-            for p in offsets:
-                self._reset(consumer, p)
 
-    async def _offsets(self, consumer: AIOKafkaConsumer, failed: set[int]) -> dict[int, int]:
-        """Commit offsets that moved: every serving partition's ``commit_offset``; one that
-        holds nothing first takes the consumer position (past markers read_committed skips)."""
-        offsets: dict[int, int] = {}
-        for p, part in self._parts.items():
-            if p in failed:
-                continue
-            if part.stalled is None and not part.blocking:
+    def _pause(self, consumer: AIOKafkaConsumer, p: int) -> None:
+        with contextlib.suppress(IllegalStateError):
+            consumer.pause(TopicPartition(self.options.outbox_topic, p))
+
+    async def _seen(self, consumer: AIOKafkaConsumer, p: int, part: PartitionFanout) -> None:
+        """One that holds nothing takes the consumer position (past markers read_committed
+        skips), so a caught-up partition commits its log end."""
+        if part.stalled is None and not part.blocking:
+            with contextlib.suppress(IllegalStateError):  # revoked
                 tp = TopicPartition(self.options.outbox_topic, p)
                 part.seen_up_to(await consumer.position(tp))
-            if part.commit_offset > self._committed.get(p, -1):
-                offsets[p] = part.commit_offset
-        return offsets
+
+    async def _due(self, consumer: AIOKafkaConsumer, p: int, part: PartitionFanout) -> bool:
+        """An idle partition whose commit offset moved without records."""
+        if p in self._inflight:
+            return False
+        await self._seen(consumer, p, part)
+        if self._parts.get(p) is not part or p in self._inflight:
+            return False
+        return part.commit_offset > self._committed.get(p, -1)
 
     # -- rebalance and recovery ------------------------------------------------------------------
 
     async def _revoked(self) -> None:
-        async with self._lock:  # the round in flight commits before the partitions move
+        async with self._lock:
             self._generation += 1
             self._dormant.update(self._parts)
-            self._parts.clear()
+            self._parts.clear()  # no step starts another
+            self._queued.clear()  # the recovery seeks back to the commit
             self._pending.clear()
             self._assigned = set()
+        tasks = list(self._inflight.values())
+        if tasks:  # the steps in flight commit before the partitions move
+            await asyncio.wait(tasks)
 
     def _assigned_partitions(self, partitions: set[int]) -> None:
         self._assigned = set(partitions)
@@ -231,10 +277,11 @@ class FanoutCoordinatorService(Service):
 
     def _reset(self, consumer: AIOKafkaConsumer, p: int) -> None:
         """Drop a partition's state (it may be ahead of what was acknowledged) and recover it."""
-        self._parts.pop(p, None)
+        if self._parts.pop(p, None) is None:
+            return  # revoked meanwhile (or already reset)
+        self._queued.pop(p, None)  # the recovery seeks back to the commit
         self._pending.add(p)
-        with contextlib.suppress(IllegalStateError):
-            consumer.pause(TopicPartition(self.options.outbox_topic, p))
+        self._pause(consumer, p)
 
     async def _recover(self, consumer: AIOKafkaConsumer) -> None:
         opts, generation = self.options, self._generation
@@ -270,6 +317,11 @@ class FanoutCoordinatorService(Service):
         finally:
             if reader is not None:
                 await reader.close()
+
+
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("fanout step failed", exc_info=task.exception())
 
 
 def register(

@@ -36,8 +36,8 @@ class FanoutOptions:
     snapshots_topic: str = WRITER_SNAPSHOTS.name
     """The ConversationWriter's checkpoints, read (never written) to seed membership."""
     max_records: int = 500
-    """Outbox records per fetch: one produce round and one commit per fetch (faust-kafka-notes
-    7: gather the futures of a batch, never await each send)."""
+    """Outbox records per fetch: one produce round and one commit per partition step
+    (faust-kafka-notes 7: gather the futures of a batch, never await each send)."""
     session_timeout_ms: int = 15_000
     heartbeat_interval_ms: int = 5_000
     linger_ms: int = 0
