@@ -189,14 +189,14 @@ class FanoutCoordinatorService(Service):
         """Steps 1-3 of the module docstring for one partition's records (none: a commit)."""
         try:
             if records and part.stalled is None:
-                fed, pause = feed_live(part, records, self.metrics, self.options.max_held)
-                if pause:
-                    self._pause(consumer, p)
                 assert self._producer is not None
-                try:
+                try:  # a failure drops the state: it may be ahead of what was acknowledged
+                    fed, pause = feed_live(part, records, self.metrics, self.options.max_held)
+                    if pause:
+                        self._pause(consumer, p)
                     await produce(self._producer, self.options.dispatch_topic, fed)
                 except Exception as exc:
-                    log.error("p%d: producing dispatches failed (%r); recovering it", p, exc)
+                    log.error("p%d: feeding or producing failed (%r); recovering it", p, exc)
                     self.metrics.batch_failures.inc()
                     self._reset(consumer, p)
                     return
