@@ -26,7 +26,7 @@ def test_every_forward_scan_is_complete_under_gc_churn(tmp_path: Path) -> None:
     store = _store(tmp_path)
     try:
         for _ in range(60):  # a dropped bound cut 299 of 300 such scans short
-            keys = []
+            keys: list[bytes] = []
             for key, _value in store.scan(b"Ea\x00", b"Ea\x00", False):
                 if not keys:
                     gc.collect(0)  # the young generation: where a dropped ReadOptions would be
