@@ -205,6 +205,7 @@ class Connection:
             return
         self._closing = True
         self.outbound.purge_pushes()  # the next session's sync covers them (11.3.1)
+        self.outbound.purge_stream(Stream.REALTIME)  # session frames too: nothing after KICKED
         self._wakeup.set()
         self._hooks.closing(self, reason)
 

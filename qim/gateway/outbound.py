@@ -65,6 +65,7 @@ class OutboundQueue:
         self._weights = dict(weights)
         self._queues: dict[int, deque[_Item]] = {Stream.CONTROL: deque()}
         self._started: dict[int, PushTag] = {}  # stream -> push frame partly written
+        self._open: dict[int, bool] = {}  # stream -> some frame partly written
         self._turn = Stream.CONTROL
         self._credit = 0
         self._bytes = 0
@@ -141,6 +142,27 @@ class OutboundQueue:
         self._push_frames -= len(dropped)
         return dropped
 
+    def purge_stream(self, stream: int) -> None:
+        """Drop every frame of ``stream`` not started yet; a frame partly written completes.
+
+        Why: at close (KICKED, replaced) the real-time stream's SESSION_DELTA / BADGE_UPDATE /
+        READ_SYNC must not follow KICKED any more than PUSH_EVENTS may; the next session's
+        AUTH_OK and sync cover them."""
+        queue = self._queues.get(stream)
+        if not queue:
+            return
+        items = list(queue)
+        keep = 0
+        if self._open.get(stream):
+            keep = next((i + 1 for i, item in enumerate(items) if item[2]), len(items))
+        for piece, tag, last in items[keep:]:
+            self._bytes -= len(piece)
+            self._pieces -= 1
+            if tag is not None and last:
+                self._push_frames -= 1
+        queue.clear()
+        queue.extend(items[:keep])
+
     def clear(self) -> None:
         """Drop everything queued (connection gone)."""
         for queue in self._queues.values():
@@ -176,6 +198,7 @@ class OutboundQueue:
     def _take(self, stream: int, queue: deque[_Item]) -> _Item:
         item = queue.popleft()
         piece, tag, last = item
+        self._open[stream] = not last
         if tag is not None:
             if last:
                 self._started.pop(stream, None)
