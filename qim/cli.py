@@ -6,9 +6,9 @@ import json
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn, Protocol
 
 import click
 
@@ -136,16 +136,15 @@ def replay_mailbox(
         datadir=datadir,
         store_caps=ROCKSDB_OPTIONS,
     )
-    shards = _pick(shard, all_shards, options.store_path(0).parent, "shard-")
-    ok = True
-    for n in shards:
-        with click.progressbar(length=1, label=f"replaying shard {n}") as bar:
-            target = out / f"shard-{n}" if all_shards else out
-            report = asyncio.run(replay_worker_shard(options, n, target, progress=_progress(bar)))
-        for line in report.lines():
-            click.echo(line)
-        ok = ok and report.ok
-    sys.exit(0 if ok else 1)
+    _report_each(
+        _pick(shard, all_shards, options.store_path(0).parent, "shard-"),
+        "replaying shard",
+        lambda n, progress: asyncio.run(
+            replay_worker_shard(
+                options, n, out / f"shard-{n}" if all_shards else out, progress=progress
+            )
+        ),
+    )
 
 
 @replay.command("history")
@@ -182,18 +181,15 @@ def replay_history(
         Settings.load(), os.environ, bootstrap=bootstrap, datadir=datadir,
         store_caps=ROCKSDB_OPTIONS,
     )  # fmt: skip
-    partitions = _pick(partition, all_partitions, options.store_path(0).parent, "p")
-    ok = True
-    for n in partitions:
-        with click.progressbar(length=1, label=f"replaying partition {n}") as bar:
-            target = out / f"p{n}" if all_partitions else out
-            report = asyncio.run(
-                replay_history_partition(options, n, target, progress=_progress(bar))
+    _report_each(
+        _pick(partition, all_partitions, options.store_path(0).parent, "p"),
+        "replaying partition",
+        lambda n, progress: asyncio.run(
+            replay_history_partition(
+                options, n, out / f"p{n}" if all_partitions else out, progress=progress
             )
-        for line in report.lines():
-            click.echo(line)
-        ok = ok and report.ok
-    sys.exit(0 if ok else 1)
+        ),
+    )
 
 
 @replay.command("projections")
@@ -224,14 +220,11 @@ def replay_projections_cmd(shard: int | None, all_shards: bool, datadir: Path, a
     options = MailboxOptions.load(
         Settings.load(), os.environ, bootstrap="", datadir=datadir, store_caps=ROCKSDB_OPTIONS
     )
-    ok = True
-    for n in _pick(shard, all_shards, options.store_path(0).parent, "shard-"):
-        with click.progressbar(length=1, label=f"projections of shard {n}") as bar:
-            report = replay_projections(options, n, apply=apply, progress=_progress(bar))
-        for line in report.lines():
-            click.echo(line)
-        ok = ok and report.ok
-    sys.exit(0 if ok else 1)
+    _report_each(
+        _pick(shard, all_shards, options.store_path(0).parent, "shard-"),
+        "projections of shard",
+        lambda n, progress: replay_projections(options, n, apply=apply, progress=progress),
+    )
 
 
 def _pick(one: int | None, every: bool, folder: Path, prefix: str) -> list[int]:
@@ -248,6 +241,27 @@ def _pick(one: int | None, every: bool, folder: Path, prefix: str) -> list[int]:
     if not found:
         raise click.ClickException(f"no stores under {folder}")
     return found
+
+
+class _Report(Protocol):
+    @property
+    def ok(self) -> bool: ...
+
+    def lines(self) -> Iterable[str]: ...
+
+
+def _report_each(
+    numbers: Iterable[int], label: str, run: Callable[[int, Callable[[int, int], None]], _Report]
+) -> NoReturn:
+    """Run one replay per store with a progress bar, print each report; exit 1 if any differs."""
+    ok = True
+    for n in numbers:
+        with click.progressbar(length=1, label=f"{label} {n}") as bar:
+            report = run(n, _progress(bar))
+        for line in report.lines():
+            click.echo(line)
+        ok = ok and report.ok
+    sys.exit(0 if ok else 1)
 
 
 def _progress(bar: Any) -> Callable[[int, int], None]:
