@@ -23,6 +23,7 @@ from qim.agents.trace_lines import dispatched as trace_dispatched
 from qim.schemas.records import (
     DispatchLogRecord,
     GroupDispatch,
+    MessageAmended,
     MessageCommitted,
     conversation_key,
     encode_dispatch_record,
@@ -94,6 +95,8 @@ def observe(metrics: FanoutMetrics, fed: Fed, now: float) -> None:
         if isinstance(record, MessageCommitted):
             metrics.outbox_records.labels("message").inc()
             metrics.target_shards.observe(count)
+        elif isinstance(record, MessageAmended):
+            metrics.outbox_records.labels("amend").inc()
         else:
             metrics.outbox_records.labels("membership").inc()
 

@@ -4,8 +4,9 @@ Same order and contract as the message push (``mailbox_push``, 11.1.2): planned 
 WriteBatch is durable, read back from the committed store (the projection the fold wrote, so
 a frame carries exactly the values a PULL_SESSION_LIST would return, INV-22), fire and forget
 (a lost frame is repaired by the next absolute one or a pull, 12.6). One SESSION_DELTA per
-touched conversation per fold: a fold is the merge window (later values replace earlier ones,
-never summed). Replay below the takeover point pushes nothing, like messages.
+touched conversation per fold (a fold already merges its own updates); the ConnectionNode then
+merges across folds within ``session_delta_merge_window`` (``qim.gateway.delta_merge``: later
+values replace earlier ones, never summed). Replay below the takeover point pushes nothing.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from collections.abc import Sequence
 from aiokafka import AIOKafkaProducer
 
 from qim.core.mailbox.ports import KVReader
-from qim.core.mailbox.session_store import load_header, load_row, load_state, preview_of
+from qim.core.mailbox.session_store import load_header, load_row, load_state, shown_preview
 from qim.core.mailbox.sessions import SessionChange
 from qim.core.push import ShardPresenceCache
 from qim.core.session_list import badge_update, session_delta
@@ -52,11 +53,12 @@ def plan_session_pushes(
             row = load_row(store, tenant, user, conv)
             if row is None:
                 continue
-            preview = preview_of(store, tenant, conv, row.latest_conversation_seq)
+            state = load_state(store, tenant, user, conv)
+            preview = shown_preview(store, tenant, conv, row.latest_conversation_seq, state)
             deltas.append(
                 session_delta(
                     row,
-                    load_state(store, tenant, user, conv),
+                    state,
                     driving_event_id=key[2],
                     driving_mailbox_seq=key[0],
                     preview=preview,

@@ -24,7 +24,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 
 from qim.core.mailbox.ports import KVReader
-from qim.core.mailbox.session_store import load_header, load_projection, preview_of
+from qim.core.mailbox.session_store import load_header, load_projection, shown_preview
 from qim.core.session_list import (
     SessionListConfig,
     SessionSnapshot,
@@ -94,7 +94,9 @@ class SessionSnapshots:
             return held.snapshot
         projection = load_projection(store, tenant_id, user_id)
         previews = {
-            conv: preview_of(store, tenant_id, conv, row.latest_conversation_seq)
+            conv: shown_preview(
+                store, tenant_id, conv, row.latest_conversation_seq, projection.state(conv)
+            )
             for conv, row in projection.rows.items()
         }
         revision = 1 if held is None else held.snapshot.revision
@@ -148,10 +150,19 @@ def badge_of_user(store: KVReader, tenant_id: str, user_id: str) -> UserBadgeSta
     return load_header(store, tenant_id, user_id).badge
 
 
-def command_of(request: UserStateRequest, shard: int, now_ms: int) -> UserStateCommand | None:
-    """The dispatch-log record for one user-state request; None for an unknown action."""
+def command_of(
+    request: UserStateRequest, shard: int, now_ms: int, *, offset: int | None = None
+) -> UserStateCommand | None:
+    """The dispatch-log record for one user-state request; None for an unknown action.
+
+    ``offset`` is the request's position in its user-requests partition: MARK_READ and
+    CONVERSATION_STATE travel with request_id 0, so without it every command of one session
+    would share one ``command_id`` (and one CONTROL ``event_id``, which devices deduplicate
+    on). A redelivered record keeps its offset, hence its identity.
+    """
     if request.action not in USER_STATE_ACTIONS or not request.conversation_id:
         return None
+    salt = request.correlation_id if offset is None else f"{request.correlation_id}@{offset}"
     return UserStateCommand(
         tenant_id=request.tenant_id,
         user_id=request.user_id,
@@ -163,7 +174,7 @@ def command_of(request: UserStateRequest, shard: int, now_ms: int) -> UserStateC
             request.device_id,
             request.session_epoch,
             request.request_id,
-            request.correlation_id,
+            salt,
         ),
         target_mailbox_shard=shard,
         committed_at=now_ms,
@@ -189,7 +200,7 @@ def user_state_commands(
             continue
         if not isinstance(request, UserStateRequest):
             continue
-        command = command_of(request, partition, now_ms)
+        command = command_of(request, partition, now_ms, offset=record.offset)
         if command is None:
             continue
         if command.action == "mark_read":

@@ -191,7 +191,7 @@ class PartitionWriter:
             for r, _ in rows
             if isinstance(r, MessageCommitted) and r.conversation_kind == DIRECT
         ]
-        writes = archive_batch(r for r, _ in rows)
+        writes = archive_batch((r for r, _ in rows), read=self.store.get)
         self.store.commit(writes, participants, rows[-1][1])
 
     # -- incarnation ---------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from qim.schemas.frames.members import MemberListBatch
 from qim.schemas.records import (
     AdminGroupRequest,
     AdminReply,
+    AmendRequest,
     ConversationRequest,
     CreateGroupRequest,
     LeaveGroupRequest,
@@ -43,7 +44,12 @@ __all__ = [
 MISROUTED_RETRY_MS: Final = 1000
 
 SessionRequest: TypeAlias = (
-    SendRequest | PullHistoryRequest | PullMembersRequest | CreateGroupRequest | LeaveGroupRequest
+    SendRequest
+    | PullHistoryRequest
+    | AmendRequest
+    | PullMembersRequest
+    | CreateGroupRequest
+    | LeaveGroupRequest
 )
 """The requests a client sent through a gateway session, answered on ``qim.to-gateway``."""
 

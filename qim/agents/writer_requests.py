@@ -4,6 +4,8 @@ One branch per request kind, each a few lines around one core call; the rules li
 cores (``qim.core.conversation``, ``qim.core.membership``, ``qim.core.history``; membership
 requests in ``writer_membership``). What the shell adds here is only plumbing:
 
+* the target of a RECALL / EDIT read from the MessageStore, and a one-to-one conversation's
+  participants from there too (the frames name no peer);
 * the visible interval of a PULL_HISTORY requester: GroupMembership's ``(joined_at, left_at)``
   for a group; for a one-to-one conversation the participants the MessageStore remembered from
   its MessageCommitted records (full interval). Before its first message nobody can be shown
@@ -23,12 +25,15 @@ from dataclasses import dataclass, field
 from qim.agents.writer_membership import admin, create, leave
 from qim.agents.writer_partition import PartitionWriter, Plan
 from qim.agents.writer_replies import refuse, reply_to
-from qim.core.conversation import Accepted, WriterConfig, conversation_kind
+from qim.core.conversation import Accepted, Amended, WriterConfig, conversation_kind
 from qim.core.history import (
     FULL_INTERVAL,
     HistoryLimits,
+    MessageRecord,
     VisibleInterval,
     bounds_from_store,
+    decode_message_record,
+    message_key,
     pull_history,
 )
 from qim.core.membership import MemberPageLimits, MembershipRejected, create_reply, pull_members
@@ -40,6 +45,7 @@ from qim.schemas.records import (
     DIRECT,
     GROUP,
     AdminGroupRequest,
+    AmendRequest,
     ConversationRequest,
     CreateGroupRequest,
     LeaveGroupRequest,
@@ -73,6 +79,8 @@ def conversation_of_request(request: ConversationRequest) -> tuple[str, str]:
             return request.tenant_id, request.message.conversation_id
         case PullHistoryRequest() | PullMembersRequest():
             return request.tenant_id, request.message.conversation_id
+        case AmendRequest():
+            return request.tenant_id, request.conversation_id
         case CreateGroupRequest() | LeaveGroupRequest():
             return request.tenant_id, request.message.group_id
         case AdminGroupRequest():
@@ -111,6 +119,8 @@ def _dispatch(
             if isinstance(decision, Accepted):
                 pw.append(decision.record, plan)
             plan.replies.append(decision.reply)
+        case AmendRequest():
+            _amend(pw, request, now_ms, plan)
         case PullHistoryRequest():
             plan.replies.append(reply_to(request, history=_history(pw, ctx, request)))
         case PullMembersRequest():
@@ -146,6 +156,26 @@ def _dispatch(
             plan.replies.append(reply_to(request, members=leave(pw, request, now_ms, plan)))
         case AdminGroupRequest():
             admin(pw, request, max_members=ctx.max_members, now_ms=now_ms, plan=plan)
+
+
+def _amend(pw: PartitionWriter, request: AmendRequest, now_ms: int, plan: Plan) -> None:
+    """RECALL / EDIT: the core decides on the MessageStore's rows (committed: the batch was cut
+    before this request if the conversation had an append in it, ``writer_txn``)."""
+    tenant_id, conversation_id = request.tenant_id, request.conversation_id
+
+    def lookup(seq: int) -> MessageRecord | None:
+        raw = pw.store.get(message_key(tenant_id, conversation_id, seq))
+        return None if raw is None else decode_message_record(raw)
+
+    participants = None
+    if conversation_kind(conversation_id) == DIRECT:
+        participants = pw.store.participants(tenant_id, conversation_id)
+    decision = pw.state.handle_amend(
+        request, now_ms, pw.membership, lookup, participants=participants
+    )
+    if isinstance(decision, Amended):
+        pw.append(decision.record, plan)
+    plan.replies.append(decision.reply)
 
 
 def _history(pw: PartitionWriter, ctx: RequestContext, request: PullHistoryRequest) -> HistoryBatch:

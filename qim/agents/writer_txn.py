@@ -10,17 +10,20 @@ InitProducerId, so its next send or commit fails with ProducerFenced.
 
 Order inside a batch: requests are decided in log order, each on top of the records appended
 before it (the writer state is applied at once, ``PartitionWriter.append``); replies are produced
-in decision order. A PULL_HISTORY of a conversation that already has an append in the open
-transaction cuts the batch there (commit, write the MessageStore, go on): history is read from
-the store, which only holds committed records. The store is written after the commit, with the
-outbox offsets the broker assigned. Any failure propagates: the caller drops this partition's
-state (it may be ahead of the log) and restores it from the checkpoint and the outbox.
+in decision order. A PULL_HISTORY or a RECALL / EDIT of a conversation that already has an
+append in the open transaction cuts the batch there (commit, write the MessageStore, go on):
+history and an amend's target are read from the store, which only holds committed records (a
+double-tap recall in one batch must see the first recall's mark: one CONTROL event, 13.4.4).
+The store is written after the commit, with the outbox offsets the broker assigned. Any
+failure propagates: the caller drops this partition's state (it may be ahead of the log) and
+restores it from the checkpoint and the outbox.
 
 ``CrashHook`` is the test hook of spec 8.3's crash table: with ``QIM_WRITER_CRASH_AT=<step>`` and
 ``QIM_WRITER_CRASH_CMID=<client_message_id>`` the process exits at that step of the batch that
-carries the message. Steps: ``decided`` (coordinates allocated, nothing appended), ``appended``
-(outbox records acknowledged inside the open transaction), ``committed`` (transaction committed,
-MessageStore not written), ``stored`` (everything done).
+carries the message (``amend:<conversation_id>:<target_seq>`` names a RECALL / EDIT instead).
+Steps: ``decided`` (coordinates allocated, nothing appended), ``appended`` (outbox records
+acknowledged inside the open transaction), ``committed`` (transaction committed, MessageStore not
+written), ``stored`` (everything done).
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from qim.agents.writer_requests import RequestContext, conversation_of_request, 
 from qim.agents.writer_snapshot import checkpoint_records
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.records import (
+    AmendRequest,
     OutboxRecord,
     PullHistoryRequest,
     SendRequest,
@@ -106,10 +110,16 @@ class CrashHook:
         return cls(step, env.get("QIM_WRITER_CRASH_CMID", ""))
 
     def armed(self, requests: Sequence[object]) -> bool:
-        return self.step is not None and any(
-            isinstance(r, SendRequest) and r.message.client_message_id == self.client_message_id
-            for r in requests
-        )
+        return self.step is not None and any(self._matches(r) for r in requests)
+
+    def _matches(self, request: object) -> bool:
+        """A send by its client_message_id; a RECALL / EDIT as ``amend:<conversation>:<seq>``."""
+        if isinstance(request, SendRequest):
+            return request.message.client_message_id == self.client_message_id
+        if isinstance(request, AmendRequest):
+            name = f"amend:{request.conversation_id}:{request.target_conversation_seq}"
+            return name == self.client_message_id
+        return False
 
     def __call__(self, step: str, armed: bool) -> None:
         if armed and step == self.step:
@@ -171,7 +181,7 @@ class OwnedPartition:
         plan = Plan()
         for offset, request in decoded:
             if (
-                isinstance(request, PullHistoryRequest)
+                isinstance(request, PullHistoryRequest | AmendRequest)
                 and conversation_of_request(request) in plan.touched
             ):
                 await self._commit(plan, offset, armed)

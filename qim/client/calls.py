@@ -32,7 +32,7 @@ from qim.schemas.frames import (
     SessionListBatch,
     SyncComplete,
 )
-from qim.schemas.frames.control import MarkRead, ReadSync
+from qim.schemas.frames.control import Edit, MarkRead, ReadSync, Recall
 from qim.schemas.frames.history import SessionEntry
 
 __all__ = ["FrameCalls"]
@@ -164,6 +164,38 @@ class FrameCalls:
     async def sync_complete(self, sync_to_seq: int, *, timeout: float | None = None) -> OnlineReady:
         """SYNC_COMPLETE (A.3 #3) -> ONLINE_READY, or QimError SYNC_INCOMPLETE (§9.3.4)."""
         return await self._call(SyncComplete(sync_to_seq=sync_to_seq), OnlineReady, timeout)
+
+    async def recall(
+        self, conversation_id: str, target_conversation_seq: int, *, timeout: float | None = None
+    ) -> SendAck:
+        """RECALL (A.3 #8) -> SEND_ACK of the recall's CONTROL event (its own seq, 13.4.1).
+
+        Repeating it is harmless: the writer answers the first recall's ack (13.4.4). Raises
+        ``QimError`` on ERROR (PERMISSION_DENIED: not yours, window closed, no such message).
+        """
+        body = Recall(
+            conversation_id=conversation_id, target_conversation_seq=target_conversation_seq
+        )
+        return await self._call(body, SendAck, timeout)
+
+    async def edit(
+        self,
+        conversation_id: str,
+        target_conversation_seq: int,
+        new_payload: bytes,
+        *,
+        timeout: float | None = None,
+    ) -> SendAck:
+        """EDIT (A.3 #9) -> SEND_ACK of the edit's CONTROL event; ERROR raises ``QimError``.
+
+        Own messages within ``edit_self_window`` only; each edit is a new event (no dedup).
+        """
+        body = Edit(
+            conversation_id=conversation_id,
+            target_conversation_seq=target_conversation_seq,
+            new_payload=new_payload,
+        )
+        return await self._call(body, SendAck, timeout)
 
     async def pull_history(
         self,

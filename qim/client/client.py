@@ -45,6 +45,7 @@ from qim.client.identity import identity_from_token
 from qim.client.sessions import SessionList
 from qim.client.state import ClientEvent, ClientState, ClientStateMachine
 from qim.client.transport import Transport
+from qim.client.user_state import UserStateCalls
 from qim.schemas.frames import (
     DEFAULT_LIMITS,
     PROTOCOL_VERSION,
@@ -77,7 +78,7 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class QimClient(FrameCalls):
+class QimClient(FrameCalls, UserStateCalls):
     """An async client of one ConnectionNode connection.
 
     ``dial`` opens a transport for a URL (default: :func:`~qim.client.dial.open_transport`,

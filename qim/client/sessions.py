@@ -54,8 +54,23 @@ class SessionList:
             if restarted:
                 return False
         for entry in batch.sessions:
-            if self.versions.get(entry.conversation_id, 0) == 0:
-                self.rows[entry.conversation_id] = entry
+            conv = entry.conversation_id
+            local = self.rows.get(conv)
+            if local is None or self.versions.get(conv, 0) == 0:
+                self.rows[conv] = entry
+                continue
+            # A delta-versioned row keeps its content (12.6.2: only a newer
+            # projection_mailbox_seq overwrites it, and page rows carry none); the structure
+            # (pin, mute, archive, policy) comes from the page, since no delta carries it.
+            self.rows[conv] = msgspec.structs.replace(
+                local,
+                pin_rank=entry.pin_rank,
+                muted=entry.muted,
+                archived=entry.archived,
+                write_policy=entry.write_policy,
+                delivered_conversation_seq=entry.delivered_conversation_seq,
+                read_conversation_seq=max(local.read_conversation_seq, entry.read_conversation_seq),
+            )
         return True
 
     def apply_delta(self, delta: SessionDelta, last_applied_mailbox_seq: int) -> DeltaOutcome:

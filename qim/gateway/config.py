@@ -70,6 +70,9 @@ class GatewayConfig:
     # kernel-held push bytes (C11); not an Appendix B parameter.
     socket_send_buffer_bytes: int | None = None
     drain_poll_ms: int = 50  # how often a connection with pending pushes re-reads its buffer
+    # 12.6.3: SESSION_DELTA / BADGE_UPDATE held per connection this long (None: the low end of
+    # ``session_delta_merge_window``; 0: sent at once, no merge).
+    session_delta_merge_window_ms: int | None = None
 
     def __post_init__(self) -> None:
         tls = self.certfile is not None and self.keyfile is not None
@@ -89,6 +92,8 @@ class GatewayConfig:
             raise ValueError("mailbox sync rides the request routing: it needs route_requests")
         if self.mailbox_sync_timeout_ms < 1:
             raise ValueError("mailbox_sync_timeout_ms must be positive")
+        if (self.session_delta_merge_window_ms or 0) < 0:
+            raise ValueError("session_delta_merge_window_ms must be >= 0")
 
     @property
     def tls(self) -> bool:
@@ -131,6 +136,11 @@ class GatewayConfig:
     def wheel_tick(self) -> int:
         tick = self.wheel_tick_ms
         return int(self.settings.heartbeat_wheel_tick) if tick is None else tick
+
+    @property
+    def delta_merge_window_ms(self) -> int:
+        window = self.session_delta_merge_window_ms
+        return self.settings.session_delta_merge_window.low_ms if window is None else window
 
     @property
     def lease_renew_ms(self) -> int:

@@ -15,7 +15,9 @@ frames are purged, MAILBOX_DIRTY is signalled) and, with no consumption for ``id
 to CLOSING. While pushes are pending the writer re-measures every ``drain_poll_ms``, also
 while a ``send`` is blocked on a full buffer. Stream 0 keeps strict priority in the queue and
 the purge never touches it (I-25). Each change of the buffered octets is reported to the
-node's :class:`~qim.gateway.budget.NodeSendBudget` (11.3.3).
+node's :class:`~qim.gateway.budget.NodeSendBudget` (11.3.3). With a ``merge`` (the node's
+``session_delta_merge_window``, 12.6.3) SESSION_DELTA / BADGE_UPDATE sends are held there and
+come back through :meth:`Connection.deliver_merged`; a close discards them.
 """
 
 from __future__ import annotations
@@ -38,10 +40,12 @@ from qim.gateway.actions import (
     SendPush,
 )
 from qim.gateway.budget import NodeSendBudget
+from qim.gateway.delta_merge import SessionFrameMerge
 from qim.gateway.outbound import OutboundQueue, PushTag
 from qim.gateway.sendbuf import InFlight, push_pieces
 from qim.gateway.session import Session
 from qim.schemas.frames import DEFAULT_CHUNK_BYTES, Frame, Stream, encode_fragments, spec_for_model
+from qim.schemas.frames.history import BadgeUpdate, SessionDelta
 
 __all__ = ["Connection", "ConnectionHooks", "Transport"]
 
@@ -94,6 +98,7 @@ class Connection:
         close_flush_timeout_ms: int = 2_000,
         budget: NodeSendBudget | None = None,
         drain_poll_ms: int = DEFAULT_DRAIN_POLL_MS,
+        merge: SessionFrameMerge | None = None,
     ) -> None:
         self.conn_id = conn_id
         self.session = session
@@ -109,6 +114,7 @@ class Connection:
         self._flush_timeout = close_flush_timeout_ms / 1000
         self._poll = drain_poll_ms / 1000
         self._budget = budget
+        self._merge = merge
         self._wakeup = asyncio.Event()
         self._closing = False
         self._writer: asyncio.Task[None] | None = None
@@ -154,7 +160,11 @@ class Connection:
             if isinstance(action, SendPush):
                 self._enqueue_push(action)
             elif isinstance(action, Send):
-                self._enqueue(action)
+                if self._merge is not None and isinstance(action.body, SessionDelta | BadgeUpdate):
+                    if not self._closing:
+                        self._merge.hold(self, action.body)
+                else:
+                    self._enqueue(action)
             elif isinstance(action, Close):
                 self._begin_close(action.reason)
             elif isinstance(action, Authenticate):
@@ -166,6 +176,14 @@ class Connection:
         self._check_flow()
         if actions and not self.session.closed:
             self._hooks.activity(self)
+
+    def deliver_merged(self, frames: tuple[SessionDelta | BadgeUpdate, ...]) -> None:
+        """The merge window ended: its frames go out now, at the session's current version."""
+        for body in frames:
+            if self._closing or self.session.closed:
+                return
+            self._enqueue(Send(body, version=self.session.version))
+        self._check_flow()
 
     def _enqueue(self, send: Send) -> None:
         stream = spec_for_model(type(send.body)).stream if send.stream is None else send.stream
@@ -206,6 +224,8 @@ class Connection:
         self._closing = True
         self.outbound.purge_pushes()  # the next session's sync covers them (11.3.1)
         self.outbound.purge_stream(Stream.REALTIME)  # session frames too: nothing after KICKED
+        if self._merge is not None:
+            self._merge.discard(self)  # and the ones still in the merge window
         self._wakeup.set()
         self._hooks.closing(self, reason)
 

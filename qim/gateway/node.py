@@ -25,6 +25,7 @@ from qim.gateway.admission import ConnectAdmission, Refusal
 from qim.gateway.budget import NodeSendBudget, available_memory_bytes
 from qim.gateway.config import GatewayConfig
 from qim.gateway.connection import Connection, Transport
+from qim.gateway.delta_merge import SessionFrameMerge
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.forwarder import RequestProducer
 from qim.gateway.listeners import Listeners
@@ -116,6 +117,12 @@ class ConnectionNode:
             frame_handler = self.router.handle
         self.frame_handler = frame_handler
         self.listeners = Listeners(self)
+        window = config.delta_merge_window_ms  # 12.6.3; 0: SESSION_DELTA sent at once
+        self.delta_merge = (
+            SessionFrameMerge(window, on_offer=self.metrics.push.on_session_frame)
+            if window > 0
+            else None
+        )
         self._session_config = config.session_config()
         self._wheel: TimingWheel[Connection] = TimingWheel(
             config.wheel_tick, int(config.settings.heartbeat_wheel_slots), now_ms=clock_ms()
@@ -148,6 +155,8 @@ class ConnectionNode:
         for conn in list(self.connections.values()):
             conn.apply(conn.session.shutdown(CloseReason.SHUTDOWN, now, "node stopping"))
         await self.listeners.wait_closed()
+        if self.delta_merge is not None:
+            self.delta_merge.close()
         for task in self._background:
             task.cancel()
         for task in [*self._background, *self._tasks]:
@@ -195,6 +204,7 @@ class ConnectionNode:
             close_flush_timeout_ms=self.config.close_flush_timeout_ms,
             budget=self.send_budget,
             drain_poll_ms=self.config.drain_poll_ms,
+            merge=self.delta_merge,
         )  # fmt: skip
         self.connections[conn_id] = conn
         self.drained.clear()

@@ -13,6 +13,9 @@ Why each is computed where it is:
 * ``body_encode_count``: how many times a batch's shared body was encoded on this node -- one
   per PushBatch with a live recipient however many sockets it reaches (10.3, 26.3). Exported
   untyped so the sample keeps the spec's name.
+* ``session_delta_merge_ratio`` (24.1.9): SESSION_DELTA / BADGE_UPDATE frames merged away
+  in the ``session_delta_merge_window`` over those offered to it, 10 minutes (the alert reads
+  "< 10 % for 10 min"); absent while nothing was offered or the window is 0.
 * ``cursor_advanced_by_push_total`` stays 0: the gateway never moves a device cursor, and a
   push never does (6.8, I-22). It is exported so the P1 alert of 24.1.5 has a series.
 
@@ -60,6 +63,9 @@ class _Scraped(Collector):
         batches = m.batch_window.total(now)
         yield _gauge("push_batch_fanout_ratio", "sockets written per PushBatch, 10 min",
                      m.socket_window.total(now) / batches if batches else None)  # fmt: skip
+        offered = m.session_offered.total(now)
+        yield _gauge("session_delta_merge_ratio", "session frames merged away in the window, 10m",
+                     m.session_merged.total(now) / offered if offered else None)  # fmt: skip
         encodes = UnknownMetricFamily("body_encode_count", "shared push bodies encoded (10.3)")
         encodes.add_metric([], m.body_encodes)
         yield encodes
@@ -116,6 +122,8 @@ class PushMetrics:
         self.e2e_window = WindowedQuantile(5 * _MIN)
         self.batch_window = WindowedCounter(10 * _MIN, bucket_ms=10_000)
         self.socket_window = WindowedCounter(10 * _MIN, bucket_ms=10_000)
+        self.session_offered = WindowedCounter(10 * _MIN, bucket_ms=10_000)
+        self.session_merged = WindowedCounter(10 * _MIN, bucket_ms=10_000)
         r.register(_Scraped(self))
 
     def on_batch(self, *, encodes: int, sockets: int, created_at_ms: int) -> None:
@@ -128,6 +136,14 @@ class PushMetrics:
         self.pushed.inc(sockets)
         for _ in range(sockets):
             self.e2e_window.observe(now, max(0, now - created_at_ms))
+
+    def on_session_frame(self, merged_away: int) -> None:
+        """One SESSION_DELTA / BADGE_UPDATE offered to the merge window; ``merged_away``
+        frames (0 or 1) will never be sent because of it."""
+        now = self.clock_ms()
+        self.session_offered.add(now)
+        if merged_away:
+            self.session_merged.add(now, merged_away)
 
     def on_count(self, name: str, label: str) -> bool:
         """The sessions' and connections' push counts; False when ``name`` is not one."""

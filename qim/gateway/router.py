@@ -55,7 +55,7 @@ from qim.gateway.routing import Routed, request_kind, route_frame
 from qim.gateway.routing_metrics import RoutingMetrics
 from qim.observability.logging import trace
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, for_code
-from qim.schemas.frames.control import MarkRead
+from qim.schemas.frames.control import ConversationState, MarkRead
 from qim.schemas.frames.history import PullSessionList
 from qim.schemas.records.push import (
     PresenceStale,
@@ -196,6 +196,9 @@ class ConversationRouter:
             return
         if self.mailbox is not None and isinstance(frame.body, MarkRead):
             self.mailbox.mark_read(conn, frame)
+            return
+        if self.mailbox is not None and isinstance(frame.body, ConversationState):
+            self.mailbox.conversation_state(conn, frame)
             return
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(

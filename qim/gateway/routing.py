@@ -29,16 +29,19 @@ from qim.gateway.ports import AuthGrant
 from qim.schemas.frames import (
     Body,
     CreateGroup,
+    Edit,
     Error,
     ErrorCode,
     Frame,
     LeaveGroup,
     PullHistory,
     PullMembers,
+    Recall,
     SendMessage,
 )
 from qim.schemas.records.outbox import GROUP
 from qim.schemas.records.requests import (
+    AmendRequest,
     ConversationRequest,
     CreateGroupRequest,
     LeaveGroupRequest,
@@ -51,12 +54,22 @@ from qim.schemas.records.requests import (
 
 __all__ = ["ROUTED_FRAMES", "Routed", "denied", "request_kind", "route_frame"]
 
-ROUTED_FRAMES: Final = (SendMessage, PullHistory, PullMembers, CreateGroup, LeaveGroup)
-"""The request frames the ConversationWriter answers (A.3 #4, #5, #20, #21, #22)."""
+ROUTED_FRAMES: Final = (
+    SendMessage,
+    PullHistory,
+    Recall,
+    Edit,
+    PullMembers,
+    CreateGroup,
+    LeaveGroup,
+)
+"""The request frames the ConversationWriter answers (A.3 #4, #5, #8, #9, #20, #21, #22)."""
 
 _KINDS: Final[dict[type[Body], str]] = {
     SendMessage: "send",
     PullHistory: "pull_history",
+    Recall: "recall",
+    Edit: "edit",
     PullMembers: "pull_members",
     CreateGroup: "create_group",
     LeaveGroup: "leave_group",
@@ -98,7 +111,7 @@ def route_frame(
     rid = frame.header.request_id
     if not isinstance(body, ROUTED_FRAMES):
         return None
-    if isinstance(body, SendMessage | PullHistory | PullMembers):
+    if isinstance(body, SendMessage | PullHistory | PullMembers | Recall | Edit):
         conversation = body.conversation_id
     else:
         conversation = body.group_id
@@ -113,7 +126,7 @@ def route_frame(
 
 
 def _envelope(
-    body: SendMessage | PullHistory | PullMembers | CreateGroup | LeaveGroup,
+    body: SendMessage | PullHistory | Recall | Edit | PullMembers | CreateGroup | LeaveGroup,
     grant: AuthGrant,
     shard: int,
     rid: int,
@@ -135,6 +148,19 @@ def _envelope(
             request_id=rid,
             message=body,
             peer_user_id=body.peer_user_id,
+        )
+    if isinstance(body, Recall | Edit):
+        return AmendRequest(
+            tenant_id=tenant,
+            user_id=user,
+            device_id=device,
+            session_epoch=epoch,
+            connection_shard=shard,
+            request_id=rid,
+            action="recall" if isinstance(body, Recall) else "edit",
+            conversation_id=body.conversation_id,
+            target_conversation_seq=body.target_conversation_seq,
+            new_payload=body.new_payload if isinstance(body, Edit) else b"",
         )
     envelope: type[PullHistoryRequest | PullMembersRequest | CreateGroupRequest | LeaveGroupRequest]
     if isinstance(body, PullHistory):

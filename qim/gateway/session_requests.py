@@ -1,9 +1,10 @@
 """The session-list half of the gateway's user requests (spec 12.6-12.9, App. A).
 
-PULL_SESSION_LIST and MARK_READ go to the user's MailboxShard on ``qim.user-requests`` the
-same way PULL_MAILBOX does (``mailbox_requests``): identity from the session's grant, never
-from the frame. SESSION_LIST_BATCH comes back as a MailboxReply; MARK_READ has no reply (the
-MailboxNode appends it to the shard log; the other devices get READ_SYNC). A ``SessionPush``
+PULL_SESSION_LIST, MARK_READ and CONVERSATION_STATE [ext] go to the user's MailboxShard on
+``qim.user-requests`` the same way PULL_MAILBOX does (``mailbox_requests``): identity from the
+session's grant, never from the frame. SESSION_LIST_BATCH comes back as a MailboxReply;
+MARK_READ and CONVERSATION_STATE have no reply (the MailboxNode appends them to the shard log;
+the other devices get READ_SYNC, the CONTROL entry and the session list). A ``SessionPush``
 record of ``qim.to-gateway`` carries SESSION_DELTA / BADGE_UPDATE / READ_SYNC for one session
 and is written to it only while that session (``session_epoch``) is the current one.
 """
@@ -18,11 +19,12 @@ import msgspec
 from prometheus_client import Counter
 
 from qim.gateway.actions import Send
+from qim.gateway.conversation_state import refused, state_fields
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.forwarder import RequestForwarder
 from qim.gateway.replies import ReplyVerdict
 from qim.schemas.frames import Frame
-from qim.schemas.frames.control import MarkRead
+from qim.schemas.frames.control import ConversationState, MarkRead
 from qim.schemas.frames.history import PullSessionList
 from qim.schemas.records.session_push import decode_session_push
 from qim.schemas.records.user_requests import (
@@ -128,6 +130,29 @@ class SessionListRequests:
 
         if not self._forwarder.submit(UserRecord(request, shard), produced, topic=self.topic):
             self.requests.labels(kind="mark_read", result="queue_full").inc()
+
+    def conversation_state(self, conn: Connection, frame: Frame) -> None:
+        """Forward CONVERSATION_STATE [ext] as a user-state request, like MARK_READ (no reply;
+        the other devices learn it from the CONTROL entry and the session list). A refused
+        frame is answered ERROR{PERMISSION_DENIED} and never leaves."""
+        grant, body = conn.session.grant, frame.body
+        if grant is None or conn.closing or not isinstance(body, ConversationState):
+            return
+        rid = frame.header.request_id
+        fields = state_fields(body)
+        if isinstance(fields, str):
+            self.requests.labels(kind="conversation_state", result="refused").inc()
+            conn.apply([Send(refused(fields, rid), request_id=rid, version=conn.session.version)])
+            return
+        request = UserStateRequest(**self._origin(conn), request_id=rid, **fields)
+        shard = self.mailbox_shard(grant.tenant_id, grant.user_id)
+
+        def produced(exc: BaseException | None) -> None:
+            result = "forwarded" if exc is None else "kafka"
+            self.requests.labels(kind="conversation_state", result=result).inc()
+
+        if not self._forwarder.submit(UserRecord(request, shard), produced, topic=self.topic):
+            self.requests.labels(kind="conversation_state", result="queue_full").inc()
 
     def _origin(self, conn: Connection) -> _Origin:
         grant = conn.session.grant

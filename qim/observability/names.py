@@ -190,14 +190,27 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
     ),
     _m("cursor_invalid_total", "24.1.5", "mailbox"),
     # 24.1.6 Online push
-    _pending("push_latency_p99", "24.1.6", "gateway push metrics (gateway/metrics.py)"),
-    _pending("push_e2e_latency_p99", "24.1.6", "gateway push metrics (gateway/metrics.py)"),
-    _pending("push_e2e_latency_cross_region_p99", "24.1.6", "one region only"),
-    _pending("socket_send_queue_bytes_p99", "24.1.6", "gateway push metrics"),
-    _pending("slow_connection_degraded_ratio", "24.1.6", "gateway push metrics"),
-    _pending("slow_connection_closed_total", "24.1.6", "gateway push metrics"),
-    _pending("mailbox_dirty_sent_total", "24.1.6", "gateway push metrics"),
-    _pending("push_drop_by_priority_total", "24.1.6", "gateway push metrics"),
+    # (the ConnectionNode, qim/gateway/push_metrics.py)
+    _m(
+        "push_latency_p99",
+        "24.1.6",
+        "gateway",
+        status="declared",
+        note="MAILBOXED -> PUSHED needs the MailboxNode's write time on the PushBatch",
+    ),
+    _m("push_e2e_latency_p99", "24.1.6", "gateway"),
+    _m(
+        "push_e2e_latency_cross_region_p99",
+        "24.1.6",
+        "gateway",
+        status="declared",
+        note="one region only",
+    ),
+    _m("socket_send_queue_bytes_p99", "24.1.6", "gateway"),
+    _m("slow_connection_degraded_ratio", "24.1.6", "gateway"),
+    _m("slow_connection_closed_total", "24.1.6", "gateway"),
+    _m("mailbox_dirty_sent_total", "24.1.6", "gateway"),
+    _m("push_drop_by_priority_total", "24.1.6", "gateway"),
     _m("push_batch_fanout_ratio", "24.1.6", "mailbox"),
     _pending("device_token_digest_lag", "24.1.6", "offline push not built"),
     # 24.1.7 Heartbeat and liveness (ConnectionNode)
@@ -220,6 +233,8 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
     ),
     _m("timewheel_tick_overrun_total", "24.1.7", "gateway"),
     _m("empty_pull_ratio", "24.1.7", "gateway"),
+    # 24.1.9 Session projection (the ConnectionNode's merge window, gateway/push_metrics.py)
+    _m("session_delta_merge_ratio", "24.1.9", "gateway"),
     # 24.1.11 Cache and storage (the one that exists)
     _m("presence_stale_total", "24.1.11", "mailbox"),
     # 2.4 SLO rows with no 24.1 name, measured by our own series (the dashboard's SLO panels)

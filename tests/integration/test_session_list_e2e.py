@@ -12,19 +12,17 @@ from __future__ import annotations
 import asyncio
 import random
 import uuid
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from qim.client import Identity, QimClient, SyncResult, login_and_sync
+from qim.client import QimClient
 from qim.devstack.stack import Stack
-from qim.schemas.frames import PushEvents
 from qim.schemas.frames.control import ReadSync
 from qim.schemas.frames.history import SessionEntry
-from tests.gateway_support import Gateway
-from tests.integration.login_support import new_client, pipeline, syncing_gateway
+from tests.integration.device_support import WAIT_S, drain, eventually, follow, login
+from tests.integration.login_support import pipeline, syncing_gateway
 from tests.integration.mailbox_support import Client as MailboxProbe
 from tests.integration.mailbox_support import user_state
 
@@ -32,7 +30,6 @@ pytestmark = pytest.mark.integration
 
 ME = "dana"
 SENDERS = ("s0", "s1", "s2")
-WAIT_S = 90.0
 
 
 @dataclass(frozen=True)
@@ -65,51 +62,6 @@ def shown(entries: list[SessionEntry]) -> list[tuple[object, ...]]:
          e.unread_exact, e.mention_count)
         for e in entries
     ]  # fmt: skip
-
-
-async def login(gw: Gateway, tenant: str, user: str, device: str) -> SyncResult:
-    token = await gw.token(user, device, tenant)
-    result = await login_and_sync(new_client(), gw.ws_url, token, device)
-    result.client.identity = Identity(tenant, user)
-    return result
-
-
-async def follow(result: SyncResult, until: object, what: str) -> list[object]:
-    """Consume the device's events (pushes advance its mailbox position) until ``until()``."""
-    client: QimClient = result.client
-    bodies: list[object] = []
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not until():  # type: ignore[operator]
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        try:
-            frame = await client.next_event(timeout=0.5)
-        except TimeoutError:
-            continue
-        bodies.append(frame.body)
-        if isinstance(frame.body, PushEvents):
-            fresh = result.on_push(frame.body)
-            seqs = [e.mailbox_seq for e in fresh] + [result.sync.cursor.last_applied_mailbox_seq]
-            client.applied(max(seqs))
-    return bodies
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + WAIT_S
-    while not await check():
-        assert loop.time() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.3)
-
-
-async def drain(client: QimClient) -> list[object]:
-    """The events queued so far (and any arriving within a second)."""
-    out: list[object] = []
-    while True:
-        try:
-            out.append((await client.next_event(timeout=1.0)).body)
-        except TimeoutError:
-            return out
 
 
 async def test_offline_list_second_device_mark_read_and_badges(

@@ -22,6 +22,7 @@ from qim.schemas.frames import CreateGroup, LeaveGroup, PullHistory, PullMembers
 from qim.schemas.frames.history import HistoryMessage
 from qim.schemas.records import (
     AdminGroupRequest,
+    AmendRequest,
     ConversationRequest,
     CreateGroupRequest,
     LeaveGroupRequest,
@@ -216,6 +217,8 @@ def _conversation(request: ConversationRequest) -> tuple[str, str]:
         return request.tenant_id, request.message.conversation_id
     if isinstance(request, CreateGroupRequest | LeaveGroupRequest):
         return request.tenant_id, request.message.group_id
+    if isinstance(request, AmendRequest):
+        return request.tenant_id, request.conversation_id
     return request.tenant_id, request.group_id
 
 

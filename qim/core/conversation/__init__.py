@@ -7,12 +7,13 @@ the returned :data:`Decision` and feeds committed outbox records back through
 Modules, one step of the flow each: ``ids`` (conversation ids), ``membership`` (the check),
 ``admission`` (L1/L2 buckets), ``dedup`` (ClientDedup), ``allocation`` (ids and seq), ``policy``
 (inline body, preview), ``head`` (ConversationHead rules), ``decision`` (outcomes and replies),
-``writer`` (the state), ``snapshot`` (checkpoint bytes), ``replay`` (rebuild), ``config``
-(Appendix B values).
+``amend`` (RECALL / EDIT), ``writer`` (the state), ``snapshot`` (checkpoint bytes), ``replay``
+(rebuild), ``config`` (Appendix B values).
 """
 
 from qim.core.conversation.admission import AdmissionBuckets, Cell, Charge, charges_for
 from qim.core.conversation.allocation import Coordinates, allocate, clock_state
+from qim.core.conversation.amend import Amended, AmendMembershipView, HistoryLookup
 from qim.core.conversation.config import WriterConfig, WriterLimits
 from qim.core.conversation.decision import (
     Accepted,
@@ -54,6 +55,8 @@ __all__ = [
     "SNAPSHOT_FORMAT",
     "Accepted",
     "AdmissionBuckets",
+    "AmendMembershipView",
+    "Amended",
     "ApplyOutcome",
     "Cell",
     "Charge",
@@ -64,6 +67,7 @@ __all__ = [
     "Decision",
     "DedupEntry",
     "Duplicate",
+    "HistoryLookup",
     "MembershipView",
     "NoGroups",
     "Rejected",

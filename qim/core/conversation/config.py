@@ -21,7 +21,7 @@ __all__ = ["WriterConfig", "WriterLimits"]
 
 @dataclass(frozen=True, slots=True)
 class WriterLimits:
-    """Per-tenant admission and size limits (spec 8.2, Appendix B.5, B.6.1)."""
+    """Per-tenant admission, size and recall/edit window limits (spec 8.2, 13.4.3, App. B)."""
 
     per_user_msg_rate: Rate
     per_user_msg_rate_burst: int
@@ -33,6 +33,10 @@ class WriterLimits:
     """Member count above which ``per_sender_in_conversation_rate`` applies; None means
     ``large_group_member_threshold`` (our default, see ``admission``). 0 applies it everywhere,
     the literal reading of spec 8.2 / T3."""
+    recall_self_window_ms: int = 2 * 60_000
+    """Spec 13.4.3 ``recall_self_window``: a sender recalls own messages within it."""
+    edit_self_window_ms: int = 15 * 60_000
+    """Spec 13.4.3 ``edit_self_window``: a sender edits own messages within it."""
 
     def __post_init__(self) -> None:
         if self.per_user_msg_rate_burst < 1:
@@ -56,6 +60,8 @@ class WriterLimits:
             per_conversation_msg_rate=settings.per_conversation_msg_rate,
             large_group_member_threshold=settings.large_group_member_threshold,
             max_custom_payload_bytes=settings.max_custom_payload_bytes,
+            recall_self_window_ms=settings.recall_self_window,
+            edit_self_window_ms=settings.edit_self_window,
         )
 
 

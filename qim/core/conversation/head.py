@@ -30,9 +30,10 @@ from typing import Protocol
 
 import msgspec
 
+from qim.core.conversation.amend import repaired_head_preview
 from qim.schemas.frames.base import U32, U64, U128, U128_ZERO
 from qim.schemas.records.membership import MembershipCommitted
-from qim.schemas.records.outbox import MessageCommitted
+from qim.schemas.records.outbox import MessageAmended, MessageCommitted
 
 __all__ = [
     "ApplyOutcome",
@@ -143,6 +144,9 @@ def advance(head: ConversationHead | None, record: SequencedRecord) -> Conversat
 
     Non-message kinds (membership CONTROL and other activities, spec 6.4) move the seq (if they
     carry one), ``last_activity_id`` and the epoch, but not ``last_message_id`` or the preview.
+    An amend (recall / edit / delete) occupies a seq like them (the head is the allocation
+    counter, topology.md decision on INV-05); when it ``repairs_preview`` the preview becomes the
+    target's placeholder with the new state and ``last_sender_id`` is kept (spec 13.4.1 step 4).
     """
     if head is None:
         head = ConversationHead(record.tenant_id, record.conversation_id)
@@ -162,4 +166,7 @@ def advance(head: ConversationHead | None, record: SequencedRecord) -> Conversat
             member_count=record.member_count,
             **common,
         )
+    if isinstance(record, MessageAmended) and record.repairs_preview:
+        preview = repaired_head_preview(head.preview_or_placeholder, record.action)
+        return msgspec.structs.replace(head, preview_or_placeholder=preview, **common)
     return msgspec.structs.replace(head, **common)

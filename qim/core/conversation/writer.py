@@ -7,6 +7,9 @@ Two functions carry all of it, and the Faust shell calls exactly these, live and
   (the same SEND_ACK) -> allocation of message_id / conversation_seq / last_activity_id in one step
   (CLOCK_UNSAFE if the wall clock went back too far). It **never mutates**: the accepted outcome
   is a record plus the ack, and allocation takes effect only when that record is applied.
+* :meth:`~ConversationWriterState.handle_amend` decides RECALL / EDIT the same way (order in
+  ``amend``): its record, :class:`~qim.schemas.records.outbox.MessageAmended`, takes a seq and
+  admission tokens like a message, moves the head's preview only when it repairs it.
 * :meth:`~ConversationWriterState.apply` folds a committed outbox record into the state: the
   ConversationHead, the HLC (restored before any later assignment), the ClientDedup entry, the
   admission tokens and the per-conversation fencing maximum. Replay is ``apply`` over the outbox,
@@ -30,6 +33,17 @@ from __future__ import annotations
 
 from qim.core.conversation.admission import AdmissionBuckets, charges_for
 from qim.core.conversation.allocation import Coordinates, allocate
+from qim.core.conversation.amend import (
+    Amended,
+    AmendMembershipView,
+    HistoryLookup,
+    already_recalled,
+    amend_ack,
+    amend_error,
+    amend_record,
+    amend_refusal,
+    amend_target,
+)
 from qim.core.conversation.config import WriterConfig
 from qim.core.conversation.decision import (
     Accepted,
@@ -51,6 +65,7 @@ from qim.core.conversation.head import (
 from qim.core.conversation.membership import MembershipView, resolve_target
 from qim.core.conversation.policy import message_record
 from qim.core.conversation.snapshot import decode_snapshot, encode_snapshot
+from qim.schemas.frames.base import U128_ZERO
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.ids import (
     ClockUnsafeError,
@@ -60,8 +75,13 @@ from qim.schemas.ids import (
     split_message_id,
 )
 from qim.schemas.records.membership import MembershipCommitted
-from qim.schemas.records.outbox import MessageCommitted, OutboxRecord, RetentionClass
-from qim.schemas.records.requests import SendRequest
+from qim.schemas.records.outbox import (
+    MessageAmended,
+    MessageCommitted,
+    OutboxRecord,
+    RetentionClass,
+)
+from qim.schemas.records.requests import AmendRequest, SendRequest
 
 __all__ = ["ConversationWriterState", "WriterFencedError"]
 
@@ -178,6 +198,68 @@ class ConversationWriterState:
         )
         return Accepted(record, ack)
 
+    def handle_amend(
+        self,
+        request: AmendRequest,
+        now_ms: int,
+        membership: AmendMembershipView,
+        lookup: HistoryLookup,
+        *,
+        participants: tuple[str, ...] | None = None,
+        retention_class: RetentionClass = "default",
+    ) -> Rejected | Duplicate | Amended:
+        """Decide one RECALL / EDIT without changing any state (order: ``amend`` module).
+
+        ``lookup`` reads the conversation's MessageRecords (every committed append must be
+        visible: the shell cuts its batch first); ``participants`` are a direct conversation's.
+        A repeated recall answers the first one's SEND_ACK (:class:`Duplicate`, nothing new).
+        """
+        tenant, conversation_id = request.tenant_id, request.conversation_id
+        resolved = amend_target(request, membership, participants)
+        if resolved is None:
+            return Rejected(amend_error(request, ErrorCode.PERMISSION_DENIED), "not_a_member")
+        target, is_admin = resolved
+        original = lookup(request.target_conversation_seq)
+        head = self._heads.get((tenant, conversation_id))
+        self._check_not_fenced(head)
+        limits = self.config.limits_for(tenant)
+        log_now_ms = max(now_ms, hlc_ms_to_unix_ms(self.last_hlc_ms))
+        refusal = amend_refusal(
+            request, original, is_admin=is_admin, log_now_ms=log_now_ms, limits=limits
+        )
+        if refusal is not None:
+            return Rejected(amend_error(request, refusal[0]), refusal[1])
+        assert original is not None  # amend_refusal refuses a missing target
+        done = already_recalled(request, original)
+        if done is not None:
+            event = lookup(done)
+            message_id = U128_ZERO if event is None else event.message_id
+            activity = U128_ZERO if event is None else event.last_activity_id
+            return Duplicate(amend_ack(request, message_id, done, activity))
+        charges = charges_for(limits, tenant, conversation_id, target.member_count, request.user_id)
+        retry_after_ms = self._buckets.check(charges, log_now_ms)
+        if retry_after_ms is not None:
+            reply = amend_error(request, ErrorCode.RATE_LIMITED, retry_after_ms)
+            return Rejected(reply, "rate_limited")
+        try:
+            coords = self._allocate(head, now_ms)
+        except ClockUnsafeError as exc:
+            wait_ms = max(1, exc.regression_ms - self.config.clock_regression_reject_ms)
+            return Rejected(amend_error(request, ErrorCode.CLOCK_UNSAFE, wait_ms), "clock_unsafe")
+        record = amend_record(
+            request,
+            target,
+            original,
+            coords,
+            repairs_preview=head is not None and head.last_message_id == original.message_id,
+            retention_class=retention_class,
+            fencing_epoch=self._fencing_epoch,
+        )
+        ack = amend_ack(
+            request, coords.message_id, coords.conversation_seq, coords.last_activity_id
+        )
+        return Amended(record, ack)
+
     def next_coordinates(
         self, tenant_id: str, conversation_id: str, now_ms: int, *, advance_seq: bool = True
     ) -> Coordinates:
@@ -238,23 +320,25 @@ class ConversationWriterState:
         )
         self._heads[key] = advance(head, record)
         if isinstance(record, MessageCommitted):
-            limits = self.config.limits_for(record.tenant_id)
-            charges = charges_for(
-                limits,
-                record.tenant_id,
-                record.conversation_id,
-                record.member_count,
-                record.sender_id,
-            )
-            self._buckets.debit(charges, record.committed_at)
+            self._debit(record)
             self._dedup.record(
                 (record.tenant_id, record.sender_id, record.client_message_id),
                 _dedup_entry(record),
             )
+        elif isinstance(record, MessageAmended):  # admitted like a send (``amend``), no dedup
+            self._debit(record)
+            self._dedup.expire(record.committed_at)
         else:
             self._buckets.evict(record.committed_at)
             self._dedup.expire(record.committed_at)
         return outcome
+
+    def _debit(self, record: MessageCommitted | MessageAmended) -> None:
+        limits = self.config.limits_for(record.tenant_id)
+        charges = charges_for(
+            limits, record.tenant_id, record.conversation_id, record.member_count, record.sender_id
+        )
+        self._buckets.debit(charges, record.committed_at)
 
     # -- checkpoint --------------------------------------------------------------------------
 

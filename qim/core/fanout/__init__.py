@@ -17,8 +17,10 @@ slices are the ConversationWriter's to publish (same transaction as the outbox r
 
 from qim.core.fanout.audit import COORDINATE_FIELDS, Finding, FindingKind, audit_fanout
 from qim.core.fanout.build import (
+    AMEND_TEMPLATE,
     MEMBERSHIP_TEMPLATE,
     MESSAGE_TEMPLATE_FLAGS,
+    amend_dispatch,
     membership_dispatch,
     message_dispatch,
     message_template,
@@ -44,6 +46,7 @@ from qim.core.fanout.state import (
 )
 
 __all__ = [
+    "AMEND_TEMPLATE",
     "CHUNK_DISPATCH_ID_DOMAIN",
     "COORDINATE_FIELDS",
     "INLINE_DEK_ID_ALLOWANCE",
@@ -61,6 +64,7 @@ __all__ = [
     "PlannedEntry",
     "SliceMismatch",
     "VersionInfo",
+    "amend_dispatch",
     "audit_fanout",
     "check_event_group_caps",
     "chunk_dispatch_id",

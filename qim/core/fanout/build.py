@@ -23,6 +23,11 @@ Event templates (spec 7.3 flags, 12.4 table, 12.5.1):
   MESSAGE entry (same flags: a notice, not unread); above the threshold it pins version 0, which
   means "explicit recipients only", exactly like a direct conversation, so non-subjects get 0
   entries (26.3.9).
+* an amend (RECALL / EDIT / delete, spec 13.4.1 step 5, ``MessageAmended``): recipients exactly
+  like a message at the event's own seq (the pinned version's visible members, or the direct
+  participants), ``event_type = CONTROL``, :data:`AMEND_TEMPLATE` (anchor_target: no unread, no
+  move, shown in place on the target row, 13.4.2), ``payload`` = an edit's new body, never
+  inlined; ``amend_action`` / ``target_*`` / ``preview_or_placeholder`` copied from the record.
 """
 
 from __future__ import annotations
@@ -40,11 +45,13 @@ from qim.schemas.records.membership import (
     control_of,
     encode_control,
 )
-from qim.schemas.records.outbox import GROUP, MessageCommitted
+from qim.schemas.records.outbox import GROUP, MessageAmended, MessageCommitted
 
 __all__ = [
+    "AMEND_TEMPLATE",
     "MEMBERSHIP_TEMPLATE",
     "MESSAGE_TEMPLATE_FLAGS",
+    "amend_dispatch",
     "membership_dispatch",
     "message_dispatch",
     "message_template",
@@ -60,6 +67,11 @@ MEMBERSHIP_TEMPLATE = EventTemplate(
     counts_unread=False, affects_session_order=True, timeline_visible=True
 )
 """Flags of a membership CONTROL message, for its subjects and for a broadcast alike."""
+
+AMEND_TEMPLATE = EventTemplate(
+    counts_unread=False, affects_session_order=False, timeline_visible=True
+)
+"""Flags of a recall / edit / delete CONTROL entry (12.4.2: ``affects_session_order=false``)."""
 
 
 def message_template(record: MessageCommitted) -> EventTemplate:
@@ -140,4 +152,37 @@ def membership_dispatch(
         message_type=MESSAGE_TYPE_CONTROL,
         custom_type=MEMBERSHIP_CUSTOM_TYPE,
         payload=encode_control(control_of(record)),
+    )
+
+
+def amend_dispatch(record: MessageAmended, shard: int) -> GroupDispatch:
+    """The unsplit CONTROL dispatch of an amend for one target shard (module docstring)."""
+    return GroupDispatch(
+        tenant_id=record.tenant_id,
+        dispatch_id=chunk_dispatch_id(message_id_from_bytes(record.message_id), shard),
+        message_id=record.message_id,
+        conversation_id=record.conversation_id,
+        conversation_kind=record.conversation_kind,
+        conversation_seq=record.conversation_seq,
+        last_activity_id=record.last_activity_id,
+        sender_id=record.sender_id,
+        origin_device_id=record.origin_device_id,
+        participants=record.participants,
+        fencing_epoch=record.fencing_epoch,
+        membership_version=record.membership_version,
+        target_mailbox_shard=shard,
+        committed_at=record.committed_at,
+        event_template=AMEND_TEMPLATE,
+        event_type=int(EventType.CONTROL),
+        inline_body=False,
+        payload=record.new_payload if record.action == "edit" else b"",
+        retention_class=record.retention_class,
+        amend_action=record.action,
+        target_message_id=record.target_message_id,
+        target_conversation_seq=record.target_conversation_seq,
+        target_sender_id=record.target_sender_id,
+        target_flags=record.target_flags,
+        target_mention_targets=record.target_mention_targets,
+        target_reply_to_sender_id=record.target_reply_to_sender_id,
+        preview_or_placeholder=record.preview_or_placeholder,
     )

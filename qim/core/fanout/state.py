@@ -20,6 +20,8 @@ same records, byte for byte (spec 6.7 I-5, 10.4.2).
   target shards are the shards with members in it (group) or of the participants (direct,
   S <= 2, one dispatch when both share a shard); one GroupDispatch per shard (7.8), split only
   when its event group would break the 6.7 caps (``qim.core.fanout.event_group``).
+* ``MessageAmended`` (recall / edit / delete): exactly like a message (its own seq, its own
+  message_id in the ``dispatch_id``), built as a CONTROL dispatch (``build.amend_dispatch``).
 
 Idempotency (ADR-0012 at-least-once): a record applied twice yields the same dispatches -- they
 depend only on the record and its pinned version, which is immutable; a redelivered membership
@@ -48,14 +50,19 @@ from enum import StrEnum
 
 import msgspec
 
-from qim.core.fanout.build import membership_dispatch, message_dispatch, shards_of
+from qim.core.fanout.build import (
+    amend_dispatch,
+    membership_dispatch,
+    message_dispatch,
+    shards_of,
+)
 from qim.core.fanout.config import FanoutConfig
 from qim.core.fanout.event_group import split_event_groups
 from qim.core.membership import GroupMembership
 from qim.schemas.frames.base import U32, U64
 from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
 from qim.schemas.records.membership import MembershipAction, MembershipCommitted
-from qim.schemas.records.outbox import DIRECT, MessageCommitted, OutboxRecord
+from qim.schemas.records.outbox import DIRECT, MessageAmended, MessageCommitted, OutboxRecord
 
 __all__ = ["FanoutLogError", "FanoutState", "NotReady", "NotReadyReason", "VersionInfo"]
 
@@ -162,13 +169,16 @@ class FanoutState:
 
     def apply_outbox(self, record: OutboxRecord) -> list[DispatchLogRecord] | NotReady:
         """Fold one outbox record in (log order); the records to produce, in produce order."""
-        if isinstance(record, MessageCommitted):
+        if isinstance(record, MessageCommitted | MessageAmended):
             return self._message(record)
         return self._membership(record)
 
     # -- messages -------------------------------------------------------------------------------
 
-    def _message(self, record: MessageCommitted) -> list[DispatchLogRecord] | NotReady:
+    def _message(
+        self, record: MessageCommitted | MessageAmended
+    ) -> list[DispatchLogRecord] | NotReady:
+        """A message, or an amend (recipients exactly like a message at its own seq)."""
         tenant = record.tenant_id
         if record.conversation_kind == DIRECT:
             if not record.participants:
@@ -183,7 +193,11 @@ class FanoutState:
             self._epochs[key] = max(self._epochs.get(key, 0), record.fencing_epoch)
         out: list[DispatchLogRecord] = []
         for shard in shards:
-            out.extend(split_event_groups(message_dispatch(record, shard), self.config))
+            if isinstance(record, MessageAmended):
+                dispatch = amend_dispatch(record, shard)
+            else:
+                dispatch = message_dispatch(record, shard)
+            out.extend(split_event_groups(dispatch, self.config))
         return out
 
     def _pinned(self, key: tuple[str, str], version: int) -> VersionInfo | NotReadyReason:

@@ -5,7 +5,10 @@ conversation app adapts RocksDB to them, tests use :class:`MemoryOrderedStore`.
 """
 
 from qim.core.history.archiver import (
+    AMEND_CUSTOM_TYPE,
+    AmendControl,
     ArchiveWrite,
+    amend_control_record,
     archive_batch,
     control_message_record,
     message_record,
@@ -41,8 +44,10 @@ from qim.core.history.records import (
 from qim.core.history.store import MemoryOrderedStore, OrderedReader, OrderedWriter
 
 __all__ = [
+    "AMEND_CUSTOM_TYPE",
     "FULL_INTERVAL",
     "MESSAGE_KEYSPACE",
+    "AmendControl",
     "ArchiveWrite",
     "DekId",
     "HistoryBounds",
@@ -54,6 +59,7 @@ __all__ = [
     "OrderedReader",
     "OrderedWriter",
     "VisibleInterval",
+    "amend_control_record",
     "archive_batch",
     "bounds_from_store",
     "control_message_record",

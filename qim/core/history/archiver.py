@@ -11,16 +11,34 @@ Inputs: a :class:`MessageCommitted` becomes its MessageRecord; a
 :class:`MembershipCommitted` with a seq becomes its CONTROL message (``custom_type =
 qim.membership.v1``, payload = the documented :class:`MembershipControl` map, sender = the
 actor), so members see joins and leaves in history. A create occupies no seq and writes nothing.
+A :class:`MessageAmended` (RECALL / EDIT / delete, spec 13.4.1) writes two rows: (a) its own
+CONTROL message at its own seq (``custom_type = qim.amend.v1``, payload = the documented
+:class:`AmendControl` map, sender = the actor), so REBUILD by seq finds it; (b) step 3, the
+target rewritten with ``mark_recalled`` / ``mark_edited`` / ``mark_deleted`` at the event's
+seq. (b) reads the target: first this batch's own writes, then the store (``read``); a target
+that is gone (retention) or is another message (a foreign log) is left alone. Applied in log
+order the result is a function of the log, so live, redelivered and replayed batches converge.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import Final
+
+import msgspec
 
 from qim.core.history.keys import message_key
-from qim.core.history.records import MessageRecord, encode_message_record
+from qim.core.history.records import (
+    MessageRecord,
+    decode_message_record,
+    encode_message_record,
+    mark_deleted,
+    mark_edited,
+    mark_recalled,
+)
 from qim.core.history.store import OrderedWriter
+from qim.schemas.frames.base import U64, U128
 from qim.schemas.records.membership import (
     MEMBERSHIP_CUSTOM_TYPE,
     MESSAGE_TYPE_CONTROL,
@@ -28,16 +46,41 @@ from qim.schemas.records.membership import (
     control_of,
     encode_control,
 )
-from qim.schemas.records.outbox import MessageCommitted
+from qim.schemas.records.outbox import AmendAction, MessageAmended, MessageCommitted, OutboxRecord
 from qim.schemas.seqs import DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH, seq_bucket
 
 __all__ = [
+    "AMEND_CUSTOM_TYPE",
+    "AmendControl",
     "ArchiveWrite",
+    "amend_control_record",
     "archive_batch",
     "control_message_record",
     "message_record",
     "write_all",
 ]
+
+
+AMEND_CUSTOM_TYPE: Final = "qim.amend.v1"
+"""``custom_type`` of a recall / edit / delete CONTROL message (``message_type`` 0xFF)."""
+
+
+class AmendControl(msgspec.Struct, kw_only=True, frozen=True, forbid_unknown_fields=False):
+    """Payload of a ``qim.amend.v1`` CONTROL message: a msgpack map of these three keys.
+
+    ``action`` is ``recall`` / ``edit`` / ``delete``; the target is named by both coordinates
+    (an edit's new body is in the target's row, never copied here).
+    """
+
+    action: AmendAction
+    target_conversation_seq: U64
+    target_message_id: U128
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+
+Reader = Callable[[bytes], bytes | None]
+"""Point read of the MessageStore (the target row of an amend)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,22 +136,81 @@ def control_message_record(
     )
 
 
+def amend_control_record(
+    record: MessageAmended, *, bucket_width: int = DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH
+) -> MessageRecord:
+    """The CONTROL message of an amend, at its own seq (module docstring (a))."""
+    control = AmendControl(
+        action=record.action,
+        target_conversation_seq=record.target_conversation_seq,
+        target_message_id=record.target_message_id,
+    )
+    return MessageRecord(
+        tenant_id=record.tenant_id,
+        conversation_id=record.conversation_id,
+        seq_bucket=seq_bucket(record.conversation_seq, bucket_width),
+        conversation_seq=record.conversation_seq,
+        message_id=record.message_id,
+        last_activity_id=record.last_activity_id,
+        sender_id=record.sender_id,
+        sender_device_id=record.origin_device_id,
+        message_type=MESSAGE_TYPE_CONTROL,
+        custom_type=AMEND_CUSTOM_TYPE,
+        payload_or_ciphertext=_ENCODER.encode(control),
+        created_at=record.committed_at,
+    )
+
+
+def amended_target(record: MessageAmended, target: MessageRecord) -> MessageRecord:
+    """Spec 13.4.1 step 3 on the target row (module docstring (b))."""
+    seq = record.conversation_seq
+    if record.action == "recall":
+        return mark_recalled(target, seq)
+    if record.action == "delete":
+        return mark_deleted(target, seq)
+    return mark_edited(target, seq, record.new_payload, record.last_activity_id)
+
+
 def archive_batch(
-    records: Iterable[MessageCommitted | MembershipCommitted],
+    records: Iterable[OutboxRecord],
     *,
+    read: Reader | None = None,
     bucket_width: int = DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH,
 ) -> list[ArchiveWrite]:
-    """The writes of one outbox batch, in log order (a later write of a key wins)."""
+    """The writes of one outbox batch, in log order (a later write of a key wins).
+
+    ``read`` is the store the batch lands in, for the targets of amends (None: targets
+    outside this batch are not rewritten; only tests and tools without a store pass None).
+    """
     writes: list[ArchiveWrite] = []
+    written: dict[bytes, bytes] = {}
+
+    def put(stored: MessageRecord) -> None:
+        key = message_key(stored.tenant_id, stored.conversation_id, stored.conversation_seq)
+        value = encode_message_record(stored)
+        writes.append(ArchiveWrite(key, value))
+        written[key] = value
+
     for record in records:
         if isinstance(record, MembershipCommitted):
             stored = control_message_record(record, bucket_width=bucket_width)
-            if stored is None:
+            if stored is not None:
+                put(stored)
+        elif isinstance(record, MessageAmended):
+            put(amend_control_record(record, bucket_width=bucket_width))
+            key = message_key(
+                record.tenant_id, record.conversation_id, record.target_conversation_seq
+            )
+            raw = written.get(key)
+            if raw is None and read is not None:
+                raw = read(key)
+            if raw is None:
                 continue
+            target = decode_message_record(raw)
+            if target.message_id == record.target_message_id:
+                put(amended_target(record, target))
         else:
-            stored = message_record(record, bucket_width=bucket_width)
-        key = message_key(stored.tenant_id, stored.conversation_id, stored.conversation_seq)
-        writes.append(ArchiveWrite(key, encode_message_record(stored)))
+            put(message_record(record, bucket_width=bucket_width))
     return writes
 
 

@@ -19,7 +19,14 @@ What each entry holds is decided here, deterministically (spec 6.7, 7.3, I-5):
 * ``visibility_floor_conversation_seq`` = the member's ``joined_at`` (0 without a slice row);
 * a MENTION entry (only with ``mention_entries``) carries no flags and no body: unread, order
   and the body stay with the primary entry of the same event group;
-* the body is inline only when the dispatch says so (ADR-0005: the writer decides).
+* the body is inline only when the dispatch says so (ADR-0005: the writer decides);
+* a recall / edit / delete (``amend_action``, 13.4.1 step 5) is a CONTROL entry for every
+  recipient: ``expand_dispatch`` gives a group's slice members MESSAGE (its rule for ordinary
+  messages), so the kind is the dispatch's CONTROL here, and no MENTION entry is written. Its
+  ``target_*`` are the dispatch's, ``target_mention_type`` per recipient by the same 11.4.1
+  function as a message's ``mention_type`` (``mention_type_of`` over the target's mentions),
+  and the target sender's own copy drops COUNTS_UNREAD from ``target_flags`` (as on the
+  target's own entry).
 """
 
 from __future__ import annotations
@@ -27,12 +34,14 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from qim.core.fanout.recipients import expand_dispatch
+import msgspec
+
+from qim.core.fanout.recipients import expand_dispatch, mention_type_of
 from qim.core.mailbox.values import StoredEntry
 from qim.core.membership.slices import Departures, ShardSlice
 from qim.schemas.events import EventType, event_id
 from qim.schemas.frames.base import EntryFlags
-from qim.schemas.records.dispatch import GroupDispatch
+from qim.schemas.records.dispatch import EventTemplate, GroupDispatch
 
 __all__ = ["EntryRow", "entries_by_user"]
 
@@ -63,14 +72,22 @@ def entries_by_user(
         else dict(zip(shard_slice.user_ids, shard_slice.joined_at, strict=True))
     )
     out: dict[str, list[EntryRow]] = {}
+    target = _target_view(dispatch)
     for delivery in expand_dispatch(
         dispatch, shard_slice, shard_of, mention_entries=mention_entries, departures=departures
     ):
         kind = EventType(delivery.event_type)
+        if target is not None:
+            if kind == EventType.MENTION:
+                continue
+            kind = EventType.CONTROL
+        entry = _entry(dispatch, delivery.user_id, kind, delivery.mention_type, joined)
+        if target is not None:
+            entry = _amend(entry, dispatch, target, delivery.user_id)
         row = EntryRow(
             event_ordinal=int(kind),
             event_id=event_id(dispatch.tenant_id, dispatch.dispatch_id, delivery.user_id, kind),
-            entry=_entry(dispatch, delivery.user_id, kind, delivery.mention_type, joined),
+            entry=entry,
         )
         out.setdefault(delivery.user_id, []).append(row)
     for rows in out.values():
@@ -121,3 +138,33 @@ def _flags(dispatch: GroupDispatch, own: bool) -> int:
     if template.timeline_visible:
         flags |= EntryFlags.TIMELINE_VISIBLE
     return int(flags)
+
+
+def _target_view(dispatch: GroupDispatch) -> GroupDispatch | None:
+    """The dispatch as the target message's: its template carries the target's mentions, so
+    ``mention_type_of`` yields ``target_mention_type`` (None for a non-amend dispatch)."""
+    if dispatch.amend_action is None:
+        return None
+    template = EventTemplate(
+        mention_targets=dispatch.target_mention_targets,
+        reply_to_sender_id=dispatch.target_reply_to_sender_id,
+    )
+    return msgspec.structs.replace(dispatch, event_template=template)
+
+
+def _amend(
+    entry: StoredEntry, dispatch: GroupDispatch, target: GroupDispatch, user_id: str
+) -> StoredEntry:
+    flags = dispatch.target_flags
+    if user_id == dispatch.target_sender_id:
+        flags &= ~int(EntryFlags.COUNTS_UNREAD)
+    return msgspec.structs.replace(
+        entry,
+        target_message_id=dispatch.target_message_id,
+        target_conversation_seq=dispatch.target_conversation_seq,
+        target_sender_id=dispatch.target_sender_id,
+        target_flags=flags,
+        target_mention_type=int(mention_type_of(target, user_id)),
+        mention_type=0,
+        amend_action=dispatch.amend_action or "",
+    )

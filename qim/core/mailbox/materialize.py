@@ -15,7 +15,8 @@ GroupDispatch, in seed 003's order (section 3.1):
 4. recipients: explicit participants on this shard, plus the pinned version's slice members
    through the boundary filter (the rule shared with the FanoutCoordinator, ``expand``).
 5. entries, the shard's body copy, counts and the DispatchProgress row go into the batch;
-   users crossing the entry cap are trimmed right there (``retention``).
+   users crossing the entry cap are trimmed right there (``retention``). A recall / edit /
+   delete also rewrites its target's facts row and body copy first (``amend``).
 
 A group dispatch whose slice is not complete yet (ADR-0017 lets a retried chunk land after
 it) is NOT skipped: it is kept under its mailbox_seq (``P`` key) and counted in
@@ -32,6 +33,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from qim.core.mailbox import keys
+from qim.core.mailbox.amend import amend_target, amended
 from qim.core.mailbox.config import DAY_MS, MailboxConfig
 from qim.core.mailbox.expand import entries_by_user
 from qim.core.mailbox.kvstore import Overlay
@@ -198,6 +200,9 @@ class _Fold:
 
     def _expand(self, seq: int, d: GroupDispatch, shard_slice: ShardSlice | None) -> None:
         tenant, config, kv = d.tenant_id, self.config, self.kv
+        keep_copies = d.amend_action is None and not amended(kv, d)
+        if d.amend_action is not None:  # before the fold: the recount reads it as of seq
+            amend_target(kv, d, seq)
         departures = None
         if shard_slice is not None:
             departures = load_departures(kv, tenant, d.conversation_id)
@@ -227,9 +232,9 @@ class _Fold:
             self.sessions.entries(tenant, user, seq, rows)
             if count > config.max_mailbox_entries_per_user:
                 over_cap.append(user)
-        if written and not d.inline_body:
-            self._keep_body(d)
-        if written:
+        if written and not d.inline_body and (keep_copies or d.amend_action is not None):
+            self._keep_body(d)  # an amend's own body: an edit's new payload
+        if written and keep_copies:
             self._keep_facts(seq, d)
         dkey = keys.dispatch_key(tenant, d.dispatch_id)
         expire = d.committed_at + config.dispatch_progress_retention_ms

@@ -12,7 +12,9 @@ Grammar (as ``keys.py``)::
       retained entries plus ``U``.
     R tenant 00 conversation_id 00 conversation_seq:u64 message_id:16  -> StoredFacts
       what the bounded recount (12.5.2) and the preview need of one message, once per shard,
-      expiring with the body. The log-consistent :class:`ShardMessageSource` reads it.
+      expiring with the body. The log-consistent :class:`ShardMessageSource` reads it. A
+      recall / edit / delete rewrites its target's row (``amend``): removed as of its
+      mailbox_seq, preview replaced.
 
 Why JSON for ``K``: a row's ``last_activity_id`` / ``last_message_id`` are u128 ints, which
 msgpack cannot carry. Reads here are log-consistent (:class:`ShardMessageSource`: a fact is
@@ -45,10 +47,13 @@ __all__ = [
     "FACTS",
     "PREVIEW_BYTES",
     "PROJECTION",
+    "REMOVING",
     "ROW",
     "ProjectionHeader",
     "ShardMessageSource",
     "StoredFacts",
+    "amended_facts",
+    "decode_facts",
     "decode_state",
     "encode_facts",
     "encode_state",
@@ -64,6 +69,7 @@ __all__ = [
     "projection_key",
     "row_key",
     "row_prefix",
+    "shown_preview",
     "state_key",
     "state_prefix",
     "store_projection",
@@ -115,7 +121,13 @@ def facts_key(
 
 class StoredFacts(msgspec.Struct, array_like=True, omit_defaults=True, frozen=True, kw_only=True):
     """One message as the recount and the preview see it; ``mailbox_seq`` is when it arrived
-    (the "as of" filter of :class:`ShardMessageSource`)."""
+    (the "as of" filter of :class:`ShardMessageSource`).
+
+    ``removed_mailbox_seq`` (0 = never): the mailbox_seq of the recall / delete that removed
+    it, so a recount as of an earlier record still counts it (log-consistent replay, 12.5.5).
+    ``amended_mailbox_seq``: the last recall / edit / delete applied (``preview`` is then the
+    amended one); a re-applied dispatch of the message keeps such a row (``keep_facts``).
+    Fields are append-only, like ``values.py``'s rows."""
 
     mailbox_seq: U64
     sender_id: str
@@ -123,6 +135,11 @@ class StoredFacts(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     mention_targets: tuple[str, ...] = ()
     reply_to_sender_id: str = ""
     preview: bytes = b""
+    removed_mailbox_seq: U64 = 0
+    amended_mailbox_seq: U64 = 0
+
+    def removed_as_of(self, as_of_mailbox_seq: int) -> bool:
+        return 0 < self.removed_mailbox_seq <= as_of_mailbox_seq
 
     def mention_type(self, user_id: str) -> int:
         """11.4.1 precedence, as ``qim.core.fanout.recipients.mention_type_of``."""
@@ -166,6 +183,29 @@ def encode_facts(facts: StoredFacts) -> bytes:
     return _ENC.encode(facts)
 
 
+def decode_facts(data: bytes) -> StoredFacts:
+    return _FACTS.decode(data)
+
+
+REMOVING: Final = frozenset({"recall", "delete"})
+"""The ``amend_action``s that remove their target (``removes_target``, 12.5.1 ``¬recalled``)."""
+
+
+def amended_facts(facts: StoredFacts, d: GroupDispatch, mailbox_seq: int) -> StoredFacts:
+    """The target's row after the amend ``d`` at ``mailbox_seq`` (13.4.1 step 4 on this shard):
+    a recall / delete removes it as of ``mailbox_seq`` (the first removal wins) and shows the
+    placeholder; an edit shows the new text unless the message is already removed."""
+    preview = d.preview_or_placeholder[:PREVIEW_BYTES]
+    if d.amend_action in REMOVING:
+        removed = facts.removed_mailbox_seq or mailbox_seq
+        return msgspec.structs.replace(
+            facts, removed_mailbox_seq=removed, preview=preview, amended_mailbox_seq=mailbox_seq
+        )
+    if facts.removed_mailbox_seq:
+        return facts
+    return msgspec.structs.replace(facts, preview=preview, amended_mailbox_seq=mailbox_seq)
+
+
 def encode_state(state: UserConversationState) -> bytes:
     return _ENC.encode(state)
 
@@ -207,6 +247,7 @@ class ShardMessageSource:
                     sender_id=facts.sender_id,
                     counts_unread=facts.counts_unread,
                     mention_type=facts.mention_type(self.user_id),
+                    removed=facts.removed_as_of(as_of_mailbox_seq),
                 )
             )
         return out
@@ -220,6 +261,17 @@ def preview_of(kv: KVReader, tenant_id: str, conversation_id: str, seq: int) -> 
     for _, value in kv.scan(at, at, False):
         return _FACTS.decode(value).preview
     return b""
+
+
+def shown_preview(
+    kv: KVReader, tenant_id: str, conversation_id: str, latest: int, state: UserConversationState
+) -> bytes:
+    """The preview a list row shows: clear history (12.9, AT-42) hides everything up to
+    ``hidden_before``, so a latest message at or below it shows the empty placeholder until
+    the next message. SESSION_LIST_BATCH and SESSION_DELTA both read it (INV-22)."""
+    if latest <= state.hidden_before_conversation_seq:
+        return b""
+    return preview_of(kv, tenant_id, conversation_id, latest)
 
 
 def load_states(kv: KVReader, tenant_id: str, user_id: str) -> dict[str, UserConversationState]:

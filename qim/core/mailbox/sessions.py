@@ -8,8 +8,16 @@ Deviations, written down: (1) the fold runs inline at each record's mailbox_seq,
 ``W[lane]`` (INV-19): a group dispatch that waited for its slice is folded when it resolves,
 below the user's ``applied_through``, by lifting the skip for that one input. (2) The preview is
 the shard's copy of the latest message's payload (first :data:`PREVIEW_BYTES`), not the
-conversation's ``ConversationHead``, which lives on the conversation side. (3) Recall/edit are
-not folded (``removes_target``): the stored entry has no ``target_*`` fields yet.
+conversation's ``ConversationHead``, which lives on the conversation side; a recall / edit /
+delete rewrites that copy (``amend``), so the preview follows it.
+
+Two kinds of CONTROL entry reach a user's mailbox and they fold differently (:func:`entry_in`):
+an amend (recall / edit / delete: ``target_conversation_seq`` set) is an :class:`EntryIn` --
+``removes_target`` for a recall / delete, so the pure fold decrements unread once from
+``target_*`` only (12.5.5, INV-17) and re-emits the row only when the target is the previewed
+``latest`` (12.4.2; it never advances latest / last_activity_id, INV-05); a user-state CONTROL
+entry (12.9) is folded as the :class:`StateIn` of its 7.5 row when its command is applied, so
+the pure fold ignores it as an entry (and :func:`rebuild_user` folds the 7.5 rows first).
 """
 
 from __future__ import annotations
@@ -21,11 +29,12 @@ from typing import Final
 import msgspec
 
 from qim.core.mailbox.expand import EntryRow
-from qim.core.mailbox.keys import EntryKey
+from qim.core.mailbox.keys import EntryKey, parse_entry_key, user_entry_prefix
 from qim.core.mailbox.kvstore import Overlay
 from qim.core.mailbox.ports import KVReader, Op
-from qim.core.mailbox.reader import StoreMailboxReader, sync_entry
+from qim.core.mailbox.reader import sync_entry
 from qim.core.mailbox.session_store import (
+    REMOVING,
     ShardMessageSource,
     decode_state,
     encode_facts,
@@ -43,6 +52,7 @@ from qim.core.mailbox.session_store import (
     state_key,
     store_projection,
 )
+from qim.core.mailbox.values import StoredEntry, decode_value
 from qim.core.session_list import (
     EntryIn,
     SessionListConfig,
@@ -60,6 +70,7 @@ __all__ = [
     "decode_state",
     "drop_ops",
     "encode_state",
+    "entry_in",
     "load_projection",
     "preview_of",
     "projection_key",
@@ -161,8 +172,7 @@ class SessionFolds:
         self, tenant_id: str, user_id: str, mailbox_seq: int, rows: Sequence[EntryRow]
     ) -> None:
         inputs = [
-            EntryIn(sync_entry(EntryKey(mailbox_seq, r.event_ordinal, r.event_id), r.entry))
-            for r in rows
+            entry_in(EntryKey(mailbox_seq, r.event_ordinal, r.event_id), r.entry) for r in rows
         ]
         self._fold(tenant_id, user_id, inputs)
 
@@ -207,16 +217,24 @@ def rebuild_user(
     kv: KVReader, tenant_id: str, user_id: str, config: SessionListConfig, lane_count: int
 ) -> UserProjection:
     """Drop-and-rebuild (INV-01): the user's 7.5 states first, then every retained entry in
-    mailbox order. Equal list to the incremental fold (same visibility, base and counts)."""
+    mailbox order. Equal list to the incremental fold (same visibility, base and counts).
+    The stored rows are read (not the A.4.1 shape), for the ``amend_action`` of an amend."""
+    del lane_count  # kept for the callers; the entries are scanned directly
     p = UserProjection(user_id=user_id, states=load_states(kv, tenant_id, user_id))
-    reader = StoreMailboxReader(kv, lane_count)
+    prefix = user_entry_prefix(tenant_id, user_id)
     inputs = [
-        EntryIn(entry)
-        for _, group in reader.read_user_range(tenant_id, user_id, 0, (1 << 63) - 1)
-        for entry in group
+        entry_in(parse_entry_key(key), decode_value(value, StoredEntry))
+        for key, value in kv.scan(prefix, prefix, False)
     ]
     source = ShardMessageSource(kv, tenant_id, user_id)
     return fold(p, inputs, source, config).projection
+
+
+def entry_in(key: EntryKey, stored: StoredEntry) -> EntryIn:
+    """The fold input of one stored entry; an amend removing its target says so (module doc).
+    A user-state CONTROL entry has no ``target_*`` and the pure fold skips it as an entry."""
+    removes = stored.target_conversation_seq is not None and stored.amend_action in REMOVING
+    return EntryIn(sync_entry(key, stored), removes_target=removes)
 
 
 def drop_ops(kv: KVReader, tenant_id: str, user_id: str) -> list[tuple[bytes, bytes | None]]:

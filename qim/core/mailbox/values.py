@@ -45,7 +45,10 @@ class StoredEntry(_Row, frozen=True, kw_only=True):
 
     The key holds ``mailbox_seq``, ``event_ordinal`` and ``event_id``. ``inline_*`` are set only
     when the dispatch had ``inline_body`` (ADR-0005); otherwise the body is joined at read time
-    from the shard's one copy (``StoredBody``).
+    from the shard's one copy (``StoredBody``). ``target_*`` and ``amend_action`` are set only
+    on a recall / edit / delete CONTROL entry (13.4.1 step 5): ``target_mention_type`` is this
+    recipient's; ``amend_action`` is not on the wire (A.4.1) but the projection rebuild needs
+    it to tell a recall from an edit (``sessions``).
     """
 
     event_type: U8
@@ -65,6 +68,12 @@ class StoredEntry(_Row, frozen=True, kw_only=True):
     inline_custom_type: str = ""
     inline_schema_version: U32 = 0
     inline_payload: bytes = b""
+    target_message_id: U128 | None = None
+    target_conversation_seq: U64 | None = None
+    target_sender_id: str | None = None
+    target_flags: U8 | None = None
+    target_mention_type: U8 | None = None
+    amend_action: str = ""
 
 
 class StoredBody(_Row, frozen=True, kw_only=True):

@@ -172,6 +172,12 @@ class GroupMembership:
         group = self._groups.get((tenant_id, conversation_id))
         return 0 if group is None else group.member_count
 
+    def is_admin(self, tenant_id: str, conversation_id: str, user_id: str) -> bool:
+        """An ACTIVE OWNER or ADMIN (spec 13.4.3: recalls any message, no window)."""
+        group = self._groups.get((tenant_id, conversation_id))
+        row = None if group is None else group.rows.get(user_id)
+        return row is not None and row.active and row.role in (Role.OWNER, Role.ADMIN)
+
     def version(self, tenant_id: str, conversation_id: str) -> int:
         """Current membership_version; 0 = no such group."""
         group = self._groups.get((tenant_id, conversation_id))

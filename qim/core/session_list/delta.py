@@ -11,7 +11,7 @@ like the preview from ``ConversationHead``: the row itself stores neither (INV-0
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import Enum
 
@@ -28,8 +28,6 @@ __all__ = [
     "DeltaOutcome",
     "badge_update",
     "deltas_of",
-    "flush_order",
-    "merge_window",
     "read_sync",
     "session_delta",
 ]
@@ -74,26 +72,6 @@ def deltas_of(result: FoldResult, previews: Mapping[str, bytes]) -> tuple[Sessio
             preview=previews.get(conv, b""),
         )
         for conv, key in ordered
-    )
-
-
-def merge_window(
-    pending: Mapping[str, SessionDelta], new: Iterable[SessionDelta]
-) -> dict[str, SessionDelta]:
-    """``session_delta_merge_window``: a later frame for a conversation *replaces* the earlier
-    one whole (never summed); an older version never replaces a newer one."""
-    merged = dict(pending)
-    for delta in new:
-        held = merged.get(delta.conversation_id)
-        if held is None or delta.projection_mailbox_seq >= held.projection_mailbox_seq:
-            merged[delta.conversation_id] = delta
-    return merged
-
-
-def flush_order(window: Mapping[str, SessionDelta]) -> tuple[SessionDelta, ...]:
-    """What a window sends: one frame per conversation, by version then id."""
-    return tuple(
-        sorted(window.values(), key=lambda d: (d.projection_mailbox_seq, d.conversation_id))
     )
 
 

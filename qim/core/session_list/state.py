@@ -14,8 +14,9 @@ device. Watermarks take ``max``; ``manual_unread_conversation_seq`` is "null win
 Decision on the manual-unread mark: 26.4.7 marks a *fully read* conversation (``read ==
 latest == U``), so "cleared once ``read >= manual``" cannot be a standing invariant (INV-16's
 wording) or the mark would vanish as it is set. The mark is cleared by the MARK_READ that
-reaches it (``apply_change``); ``merge`` applies 7.5's "null wins, else max" literally, which
-is a join only because it does not re-check ``read`` (that re-check is not associative).
+reaches it, or by a clear history / delete that covers it (12.9: both clear the unread;
+``apply_change``); ``merge`` applies 7.5's "null wins, else max" literally, which is a join
+only because it does not re-check ``read`` (that re-check is not associative).
 """
 
 from __future__ import annotations
@@ -217,14 +218,20 @@ def apply_change(
                 updates["manual_unread_conversation_seq"] = None
         case MarkUnread(head):
             updates = {"manual_unread_conversation_seq": head}
-        case ClearHistory(head):
-            if head <= state.hidden_before_conversation_seq:
+        case ClearHistory(head) | DeleteLocal(head):
+            # 12.9: both clear the unread, so a manual mark they cover goes with it.
+            field = (
+                "hidden_before_conversation_seq"
+                if isinstance(change, ClearHistory)
+                else "deleted_before_conversation_seq"
+            )
+            manual = state.manual_unread_conversation_seq
+            unmark = manual is not None and manual <= head
+            if head <= getattr(state, field) and not unmark:
                 return state
-            updates = {"hidden_before_conversation_seq": head}
-        case DeleteLocal(head):
-            if head <= state.deleted_before_conversation_seq:
-                return state
-            updates = {"deleted_before_conversation_seq": head}
+            updates = {field: max(head, getattr(state, field))}
+            if unmark:
+                updates["manual_unread_conversation_seq"] = None
         case SetPin(rank):
             updates = {"pin_rank": rank, "pin_stamp": stamp}
         case SetMuted(muted):

@@ -40,6 +40,7 @@ from qim.schemas.frames.connection import (
     Redirect,
 )
 from qim.schemas.frames.control import (
+    ConversationState,
     Edit,
     MarkRead,
     PresenceEntry,
@@ -166,6 +167,7 @@ __all__ = [
     "Capability",
     "ClientAction",
     "Compress",
+    "ConversationState",
     "CreateGroup",
     "Decompress",
     "Direction",

@@ -1,16 +1,22 @@
 """Control and state frames, opcodes 0x0400-0x04FF.
 
-MARK_READ, RECALL, EDIT, TYPING, PRESENCE_SUB, READ_SYNC. TYPING and PRESENCE_SUB are
-bidirectional on one opcode; their bodies differ by direction, so each has an uplink model
-(``Typing``, ``PresenceSub``) and a downlink model (``TypingDown``, ``PresenceSubDown``) and
-the decoder picks by which side it runs on.
+MARK_READ, RECALL, EDIT, TYPING, PRESENCE_SUB, READ_SYNC and the [ext] CONVERSATION_STATE
+(0x0407: mark unread, clear history, delete, pin, mute, archive, notification policy).
+TYPING and PRESENCE_SUB are bidirectional on one opcode; their bodies differ by direction,
+so each has an uplink model (``Typing``, ``PresenceSub``) and a downlink model
+(``TypingDown``, ``PresenceSubDown``) and the decoder picks by which side it runs on.
 """
 
 from __future__ import annotations
 
-from qim.schemas.frames.base import U32, U64, Body
+from typing import Final
+
+from qim.schemas.frames.base import I32, U32, U64, Body
 
 __all__ = [
+    "CONVERSATION_STATE_ACTIONS",
+    "NOTIFICATION_POLICIES",
+    "ConversationState",
     "Edit",
     "MarkRead",
     "PresenceEntry",
@@ -28,6 +34,33 @@ class MarkRead(Body):
 
     conversation_id: str = ""
     read_conversation_seq: U64 = 0
+
+
+CONVERSATION_STATE_ACTIONS: Final = frozenset(
+    {"mark_unread", "clear_history", "delete", "pin", "mute", "archive", "notification_policy"}
+)
+"""CONVERSATION_STATE ``action`` values: the ``UserStateAction`` strings except mark_read,
+which keeps its own frame (MARK_READ)."""
+
+NOTIFICATION_POLICIES: Final = ("ALL", "MENTION_ONLY", "NONE")
+"""``UserConversationState.notification_policy`` values (16.2)."""
+
+
+class ConversationState(Body):
+    """CONVERSATION_STATE uplink [ext] (0x0407): one of the user's own 12.9 state changes.
+
+    Why a frame: App. A has none for mark unread / clear history / delete / pin / mute /
+    archive / notification policy, yet 12.9 puts each in the mailbox as a CONTROL entry. No
+    reply (like MARK_READ): the other devices learn it from that entry and the session list.
+    ``flag`` is the new ``muted`` / ``archived``; ``pin_rank`` None with action "pin" unpins;
+    ``notification_policy`` is one of :data:`NOTIFICATION_POLICIES`.
+    """
+
+    conversation_id: str = ""
+    action: str = ""
+    flag: bool = False
+    pin_rank: I32 | None = None
+    notification_policy: str = ""
 
 
 class Recall(Body):

@@ -2,7 +2,8 @@
 default stream and body model(s).
 
 Opcode values (A.2 gives ranges, docs/01 fixes values; only LEAVE_GROUP = 0x0A04 is given): each
-range is numbered from ``base + 1`` in A.2's listing order. ``0x??00`` stays unassigned so an
+range is numbered from ``base + 1`` in A.2's listing order; [ext] frames (not in App. A) follow
+the spec's frames of their range. ``0x??00`` stays unassigned so an
 all-zero header never decodes as a real frame.
 
 Default stream (A.5 fixes 0-3 for 17 frames; the rest are this table's choice, one rule): a
@@ -156,6 +157,7 @@ _TABLE: Final[tuple[FrameSpec, ...]] = (
     _both("TYPING", 0x0404, _RT, ct.Typing, ct.TypingDown),
     _both("PRESENCE_SUB", 0x0405, _RT, ct.PresenceSub, ct.PresenceSubDown),
     _down("READ_SYNC", 0x0406, _RT, ct.ReadSync),
+    _up("CONVERSATION_STATE", 0x0407, _RT, ct.ConversationState),  # [ext]
     # 0x05 chatroom
     _up("ROOM_JOIN", 0x0501, _ROOM, rm.RoomJoin),
     _up("ROOM_LEAVE", 0x0502, _ROOM, rm.RoomLeave),

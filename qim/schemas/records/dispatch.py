@@ -20,7 +20,7 @@ import msgspec
 from qim.schemas.frames.base import U8, U32, U64, U128
 from qim.schemas.hashing import hash_input
 from qim.schemas.records.membership import MemberSliceRecord
-from qim.schemas.records.outbox import ConversationKind, RetentionClass
+from qim.schemas.records.outbox import AmendAction, ConversationKind, RetentionClass
 from qim.schemas.records.user_state import UserStateCommand
 
 __all__ = [
@@ -77,6 +77,15 @@ class GroupDispatch(
     sending device (control events are not pushed back to it, spec 7.3, 9.7).
     ``chunk_index``/``chunk_count`` split a dispatch whose event groups would exceed the 6.7 caps
     (a split gets another ``dispatch_id`` input: the chunk index is part of its identity).
+
+    Recall / edit / moderation delete (spec 13.4.1 step 5; :class:`MessageAmended`): set
+    ``amend_action``; ``event_type`` is CONTROL, the template neither counts unread nor moves the
+    session order (anchor_target), ``payload`` is an edit's new payload. ``target_*`` are copied
+    from the target's MessageRecord by the writer: a recipient's ``target_mention_type`` is
+    computed from ``target_mention_targets`` / ``target_reply_to_sender_id`` exactly like a
+    message's ``mention_type`` (11.4.1); ``target_flags`` are the target entry's flags as a
+    non-sender saw them. ``preview_or_placeholder`` is the target's preview after the amend
+    (:class:`~qim.schemas.records.outbox.MessageAmended`); empty on a message's dispatch.
     """
 
     tenant_id: str
@@ -105,6 +114,14 @@ class GroupDispatch(
     retention_class: RetentionClass = "default"
     chunk_index: U32 = 0
     chunk_count: U32 = 1
+    amend_action: AmendAction | None = None
+    target_message_id: U128 | None = None
+    target_conversation_seq: U64 | None = None
+    target_sender_id: str = ""
+    target_flags: U8 = 0
+    target_mention_targets: tuple[str, ...] = ()
+    target_reply_to_sender_id: str = ""
+    preview_or_placeholder: bytes = b""
 
     @property
     def key(self) -> bytes:

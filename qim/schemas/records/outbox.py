@@ -37,10 +37,13 @@ from qim.schemas.frames.base import U8, U32, U64, U128
 from qim.schemas.records.membership import MembershipCommitted
 
 __all__ = [
+    "AMEND_ACTIONS",
     "DIRECT",
     "GROUP",
     "RETENTION_CLASSES",
+    "AmendAction",
     "ConversationKind",
+    "MessageAmended",
     "MessageCommitted",
     "OutboxRecord",
     "PreviewPlaceholder",
@@ -118,10 +121,68 @@ class PreviewPlaceholder(
 
     message_type: U8 = 0
     custom_type: str = ""
+    state: str = ""
+    """``""`` for a message as sent; ``"recalled"`` / ``"edited"`` / ``"deleted"`` after an amend
+    (spec 13.4.1 step 4: the preview becomes "message recalled")."""
 
 
-OutboxRecord: TypeAlias = MessageCommitted | MembershipCommitted
-"""Every kind of the outbox topic (tag field ``kind``: ``message``, ``membership``)."""
+AmendAction: TypeAlias = Literal["recall", "edit", "delete"]
+AMEND_ACTIONS: Final[tuple[str, ...]] = ("recall", "edit", "delete")
+
+
+class MessageAmended(
+    msgspec.Struct,
+    kw_only=True,
+    omit_defaults=True,
+    frozen=True,
+    forbid_unknown_fields=False,
+    tag_field="kind",
+    tag="amend",
+):
+    """A committed RECALL / EDIT (or moderation delete): a CONTROL event with its own seq.
+
+    Spec 13.4.1: the event gets its own ``conversation_seq`` and ``last_activity_id`` (it must
+    reach offline members through their mailboxes, whose visibility check needs a seq), and
+    anchors on the target (``anchor_target``): it never becomes the conversation's latest
+    message. ``target_*`` are copied from the target's MessageRecord at decision time, so every
+    consumer applies the amend without a lookup (INV-17: decrements use only these).
+    ``sender_id`` is the actor (the sender, or an OWNER/ADMIN). ``new_payload`` is an edit's new
+    body. ``preview_or_placeholder`` is the target's preview after the amend, as the session
+    list shows it: a :class:`PreviewPlaceholder` with ``state`` "recalled" / "deleted" (the
+    target's type kept), or an edit's ``new_payload`` (MailboxNodes keep a payload prefix as a
+    message's preview, ``qim.core.mailbox.sessions`` deviation 2). ``repairs_preview`` is true
+    when the target is the message the ConversationHead shows as its preview (step 4: only then
+    does the head's preview change, to the placeholder with the new ``state``).
+    """
+
+    tenant_id: str
+    conversation_id: str
+    conversation_kind: ConversationKind
+    participants: tuple[str, ...] = ()
+    message_id: U128
+    conversation_seq: U64
+    last_activity_id: U128
+    sender_id: str
+    origin_device_id: str = ""
+    action: AmendAction
+    target_message_id: U128
+    target_conversation_seq: U64
+    target_sender_id: str
+    target_flags: U8 = 0
+    target_mention_targets: tuple[str, ...] = ()
+    target_reply_to_sender_id: str = ""
+    new_payload: bytes = b""
+    repairs_preview: bool = False
+    preview_or_placeholder: bytes = b""
+    membership_version: U64 = 0
+    member_count: U32
+    committed_at: U64
+    retention_class: RetentionClass = "default"
+    fencing_epoch: U64 = 0
+
+
+OutboxRecord: TypeAlias = MessageCommitted | MembershipCommitted | MessageAmended
+"""Every kind of the outbox topic (tag field ``kind``: ``message``, ``membership``, ``amend``)."""
 
 _DECODER: msgspec.msgpack.Decoder[OutboxRecord] = msgspec.msgpack.Decoder(OutboxRecord)
 _ENCODER = msgspec.msgpack.Encoder()

@@ -20,7 +20,7 @@ NUL separators sorts byte-wise in (tenant, id) order.
 
 from __future__ import annotations
 
-from typing import TypeAlias
+from typing import Literal, TypeAlias
 
 import msgspec
 
@@ -40,6 +40,7 @@ __all__ = [
     "AdminGroupRequest",
     "AdminReply",
     "AdminReplyTo",
+    "AmendRequest",
     "ConversationRequest",
     "CreateGroupRequest",
     "GatewayRecord",
@@ -144,6 +145,22 @@ class PullHistoryRequest(_FromSession, tag="pull_history", kw_only=True, frozen=
         return conversation_key(self.tenant_id, self.message.conversation_id)
 
 
+class AmendRequest(_FromSession, tag="amend", kw_only=True, frozen=True):
+    """RECALL (``action="recall"``) or EDIT (``"edit"``, with ``new_payload``), spec 13.4.1 and
+    A.3 #8/#9: the frame's fields, flattened (the two bodies are untagged frames); ``user_id``,
+    the actor, comes from the session like every ``_FromSession``. Answered with
+    ``WriterReply.send_ack`` of the CONTROL event (``client_message_id`` empty) or an ERROR."""
+
+    action: Literal["recall", "edit"]
+    conversation_id: str
+    target_conversation_seq: U64
+    new_payload: bytes = b""
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.conversation_id)
+
+
 class PullMembersRequest(_FromSession, tag="pull_members", kw_only=True, frozen=True):
     """PULL_MEMBERS, answered with ``WriterReply.members`` (spec A.3 #20)."""
 
@@ -204,6 +221,7 @@ class AdminGroupRequest(_Record, tag="admin_group", kw_only=True, frozen=True):
 ConversationRequest: TypeAlias = (
     SendRequest
     | PullHistoryRequest
+    | AmendRequest
     | PullMembersRequest
     | CreateGroupRequest
     | LeaveGroupRequest

@@ -52,6 +52,17 @@ def test_deltas_overwrite_by_version_and_reorder_the_list() -> None:
     assert s.rows["b"].unread_count == 3
 
 
+def test_a_reloaded_page_brings_pin_and_archive_to_a_delta_versioned_row() -> None:
+    s = SessionList()
+    s.apply_page(page(1, entry("a", 9, 2)), first=True)
+    s.apply_delta(delta("a", 10, driving=10, unread=3, activity=12), 10)
+    # another device pinned and archived "a": no delta carries that, a new revision's page does
+    s.apply_page(page(2, entry("a", 9, 2, pin_rank=1, archived=True, muted=True)), first=True)
+    row = s.rows["a"]
+    assert (row.pin_rank, row.archived, row.muted) == (1, True, True)
+    assert (row.unread_count, row.latest_conversation_seq) == (3, 12)  # the delta's content
+
+
 def test_a_new_revision_mid_paging_restarts() -> None:
     s = SessionList()
     s.apply_page(page(1, entry("a", 9), more=True), first=True)

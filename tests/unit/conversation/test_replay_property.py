@@ -31,7 +31,7 @@ from qim.schemas.records import (
     encode_outbox_record,
 )
 from qim.schemas.records.membership import MembershipCommitted, encode_membership_record
-from qim.schemas.records.outbox import RetentionClass
+from qim.schemas.records.outbox import OutboxRecord, RetentionClass
 
 from .support import NOW, REGION, WRITER, Groups, config, send_request
 
@@ -228,14 +228,17 @@ def test_replay_from_empty_and_from_a_midway_snapshot_equals_live(
     assert live.snapshot() == final
 
 
-def _check_ordering(records: list[MessageCommitted | MembershipCommitted]) -> None:
+def _check_ordering(records: list[OutboxRecord]) -> None:
     """Seq strictly increasing per conversation, ids strictly increasing, co-ordered (6.3, 6.4)."""
     seqs: dict[tuple[str, str], int] = {}
     last_id = 0
     for record in records:
         if isinstance(record, MessageCommitted) and record.fencing_epoch < 2:
             continue  # the zombie's appends are not ours
-        conv = record.conversation_id if isinstance(record, MessageCommitted) else record.group_id
+        if isinstance(record, MembershipCommitted):
+            conv = record.group_id
+        else:
+            conv = record.conversation_id
         key = (record.tenant_id, conv)
         assert record.conversation_seq == seqs.get(key, 0) + 1
         seqs[key] = record.conversation_seq

@@ -38,7 +38,13 @@ from qim.schemas.records.membership import (
     MembershipCommitted,
     MemberSliceRecord,
 )
-from qim.schemas.records.outbox import DIRECT, GROUP, MessageCommitted, OutboxRecord
+from qim.schemas.records.outbox import (
+    DIRECT,
+    GROUP,
+    MessageAmended,
+    MessageCommitted,
+    OutboxRecord,
+)
 from qim.schemas.routing import mailbox_shard_id, user_bucket
 
 T = "t1"
@@ -263,11 +269,14 @@ class IntervalModel:
         return sorted(u for u in self.intervals if self._visible(u, seq))
 
     def fold(self, record: OutboxRecord) -> None:
-        if isinstance(record, MessageCommitted):
+        if isinstance(record, MessageCommitted | MessageAmended):
             if record.conversation_kind == DIRECT:
                 users = list(record.participants)
             else:
                 users = self._members_at(record.conversation_seq)
+            if isinstance(record, MessageAmended):  # a CONTROL entry per recipient (13.4.1)
+                self.expected[record.message_id] = {Delivery(u, EventType.CONTROL) for u in users}
+                return
             self.expected[record.message_id] = {
                 Delivery(u, EventType.MESSAGE, _mention(record.mention_targets, u)) for u in users
             }

@@ -34,6 +34,8 @@ A2_GROUPS = {
     0x09: "REACT REACTION_UPDATE PULL_REACTIONS REACTION_LIST",
     0x0A: "PULL_MEMBERS MEMBER_LIST_BATCH CREATE_GROUP LEAVE_GROUP",
 }
+EXT_FRAMES = {"CONVERSATION_STATE": 0x0407}
+"""[ext] frames (not in App. A), each numbered after its range's spec frames."""
 A5_STREAMS = {
     Stream.CONTROL: "AUTH PING PONG ERROR KICKED",
     Stream.REALTIME: "PUSH_EVENTS SEND_ACK SESSION_DELTA BADGE_UPDATE",
@@ -43,23 +45,37 @@ A5_STREAMS = {
 
 
 def test_exactly_42_client_visible_frame_names() -> None:
-    """A.4: 24 uplink + 21 downlink - 3 bidirectional = 42, matching A.2."""
-    assert len(FRAMES_BY_NAME) == 42
-    assert set(FRAMES_BY_NAME) == {n for names in A2_GROUPS.values() for n in names.split()}
-    up = [f for f in FRAMES_BY_NAME.values() if f.direction & Direction.UPLINK]
-    down = [f for f in FRAMES_BY_NAME.values() if f.direction & Direction.DOWNLINK]
-    both = {f.name for f in FRAMES_BY_NAME.values() if f.direction == Direction.BOTH}
+    """A.4: 24 uplink + 21 downlink - 3 bidirectional = 42, matching A.2; plus the [ext]."""
+    spec = {n: f for n, f in FRAMES_BY_NAME.items() if n not in EXT_FRAMES}
+    assert len(spec) == 42
+    assert set(spec) == {n for names in A2_GROUPS.values() for n in names.split()}
+    up = [f for f in spec.values() if f.direction & Direction.UPLINK]
+    down = [f for f in spec.values() if f.direction & Direction.DOWNLINK]
+    both = {f.name for f in spec.values() if f.direction == Direction.BOTH}
     assert (len(up), len(down)) == (24, 21)
     assert both == {"TYPING", "PRESENCE_SUB", "PREKEY_FETCH"}
+    assert set(FRAMES_BY_NAME) == set(spec) | set(EXT_FRAMES)
 
 
 def test_opcodes_are_unique_and_inside_their_a2_range() -> None:
-    assert len(FRAMES_BY_OPCODE) == 42
+    assert len(FRAMES_BY_OPCODE) == 42 + len(EXT_FRAMES)
     for group, names in A2_GROUPS.items():
         for name in names.split():
             opcode = FRAMES_BY_NAME[name].opcode
             assert opcode >> 8 == group, name
             assert opcode & 0xFF != 0, f"{name}: 0x??00 stays unassigned"
+
+
+def test_ext_frames_follow_the_spec_frames_of_their_range() -> None:
+    """CONVERSATION_STATE [ext] is 0x0407, uplink only, after READ_SYNC (0x0406)."""
+    for name, opcode in EXT_FRAMES.items():
+        frame = FRAMES_BY_NAME[name]
+        assert frame.opcode == opcode
+        spec = [f.opcode for f in FRAMES_BY_NAME.values() if f.opcode >> 8 == opcode >> 8]
+        assert opcode == max(spec)
+    state = FRAMES_BY_NAME["CONVERSATION_STATE"]
+    assert state.direction == Direction.UPLINK and state.downlink is None
+    assert state.stream == FRAMES_BY_NAME["MARK_READ"].stream == Stream.REALTIME
 
 
 def test_leave_group_is_0x0a04() -> None:
@@ -74,7 +90,7 @@ def test_a5_streams_are_the_defaults() -> None:
 
 
 def test_every_frame_has_a_model_per_direction_and_models_map_back() -> None:
-    assert len(all_models()) == 45
+    assert len(all_models()) == 45 + len(EXT_FRAMES)
     for spec, cls, _sender in all_models():
         assert spec_for_model(cls) is spec
 

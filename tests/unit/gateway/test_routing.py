@@ -16,6 +16,7 @@ from qim.gateway.routing import Routed, denied, route_frame
 from qim.schemas.frames import (
     Body,
     CreateGroup,
+    Edit,
     Error,
     ErrorCode,
     Frame,
@@ -24,11 +25,13 @@ from qim.schemas.frames import (
     PullHistory,
     PullMailbox,
     PullMembers,
+    Recall,
     Role,
     SendMessage,
     spec_for_model,
 )
 from qim.schemas.records.requests import (
+    AmendRequest,
     CreateGroupRequest,
     LeaveGroupRequest,
     PullHistoryRequest,
@@ -171,3 +174,33 @@ def test_one_conversation_always_maps_to_one_partition_whatever_the_session() ->
     b = route_frame(frame, other, connection_shard=200, partition_count=COUNT)
     assert isinstance(a, Routed) and isinstance(b, Routed)
     assert a.partition == b.partition and a.key == b.key
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        Recall(conversation_id="g:team", target_conversation_seq=5),
+        Edit(conversation_id=DIRECT, target_conversation_seq=5, new_payload=b"v2"),
+    ],
+)
+def test_13_4_recall_and_edit_become_amend_requests_at_the_conversations_partition(
+    body: Recall | Edit,
+) -> None:
+    out = routed(body)
+    edit = isinstance(body, Edit)
+    assert out.kind == ("edit" if edit else "recall")
+    assert out.request == AmendRequest(
+        tenant_id="t1",
+        user_id="alice",
+        device_id="phone",
+        session_epoch=42,
+        connection_shard=SHARD,
+        request_id=9,
+        action="edit" if edit else "recall",
+        conversation_id=body.conversation_id,
+        target_conversation_seq=5,
+        new_payload=b"v2" if edit else b"",
+    )
+    assert out.partition == conversation_partition("t1", body.conversation_id, COUNT)
+    assert decode_conversation_request(out.value) == out.request
+    assert route(Recall(conversation_id="nonsense", target_conversation_seq=5)) == denied(9)

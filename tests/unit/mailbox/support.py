@@ -1,16 +1,22 @@
-"""Builders for dispatch logs: direct and group dispatches, chunked slices, users by shard."""
+"""Builders for dispatch logs: direct, group and amend dispatches, chunked slices, users by
+shard."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from functools import cache
 
+import msgspec
+
 from qim.core.mailbox import MailboxConfig, MemoryMailboxStore, commit, materialize
 from qim.core.mailbox.result import MaterializeResult
 from qim.core.membership import bitmap_bytes
 from qim.schemas import compose_mailbox_seq, dispatch_id, lane_id
+from qim.schemas.events import EventType
+from qim.schemas.frames.base import EntryFlags
 from qim.schemas.records.dispatch import DispatchLogRecord, EventTemplate, GroupDispatch
 from qim.schemas.records.membership import MemberSliceRecord
+from qim.schemas.records.outbox import PreviewPlaceholder
 
 T = "t1"
 SHARD = 0
@@ -100,6 +106,51 @@ def dispatch(
         inline_body=inline_body,
         payload=payload,
         retention_class=retention_class,  # type: ignore[arg-type]
+    )
+
+
+AMEND_TEMPLATE = EventTemplate(counts_unread=False, affects_session_order=False)
+PLACEHOLDER = msgspec.msgpack.encode(PreviewPlaceholder(state="recalled"))
+
+
+def amend(
+    n: int,
+    target: GroupDispatch,
+    action: str = "recall",
+    *,
+    new_payload: bytes = b"",
+    actor: str | None = None,
+    committed_at: int | None = None,
+    seq_in_conversation: int | None = None,
+) -> GroupDispatch:
+    """The amend CONTROL event ``n`` (its own seq ``n``) on ``target``, as the writer builds it
+    (GroupDispatch docstring: CONTROL, AMEND_TEMPLATE, ``target_*`` copied from the target)."""
+    base = dispatch(
+        n,
+        conversation=target.conversation_id,
+        kind=target.conversation_kind,
+        sender=actor or target.sender_id,
+        participants=target.participants,
+        version=target.membership_version,
+        template=AMEND_TEMPLATE,
+        payload=new_payload,
+        event_type=int(EventType.CONTROL),
+        committed_at=committed_at,
+        seq_in_conversation=seq_in_conversation,
+        fencing_epoch=target.fencing_epoch,
+    )
+    t = target.event_template
+    flags = int(EntryFlags.AFFECTS_SESSION_ORDER | EntryFlags.TIMELINE_VISIBLE)
+    return msgspec.structs.replace(
+        base,
+        amend_action=action,
+        target_message_id=target.message_id,
+        target_conversation_seq=target.conversation_seq,
+        target_sender_id=target.sender_id,
+        target_flags=flags | (int(EntryFlags.COUNTS_UNREAD) if t.counts_unread else 0),
+        target_mention_targets=t.mention_targets,
+        target_reply_to_sender_id=t.reply_to_sender_id,
+        preview_or_placeholder=new_payload if action == "edit" else PLACEHOLDER,
     )
 
 

@@ -2,6 +2,7 @@
 
 Random dispatch logs -- direct and group messages, chunked slices reordered against the
 dispatches pinned to them (ADR-0017), re-appended duplicates, stale fencing epochs, mentions,
+recalls / edits / deletes of earlier messages (and their targets re-appended after them),
 a tiny entry cap and a one-day window so trims happen -- must give the same store bytes however
 the log is cut into batches, after a crash that loses an uncommitted batch, and whether
 retention sweeps run often or once.
@@ -29,6 +30,7 @@ from tests.unit.mailbox.support import (
     BASE_TIME,
     EPOCH,
     Log,
+    amend,
     dispatch,
     group_slice,
     local_users,
@@ -57,7 +59,9 @@ def logs(draw: st.DrawFn) -> Log:
     sent: list[GroupDispatch] = []
     for n in range(1, draw(st.integers(1, 30)) + 1):
         now += draw(st.integers(0, DAY_MS))
-        kind = draw(st.sampled_from(["direct", "group", "version", "dup", "epoch", "notice"]))
+        kinds = ["direct", "group", "version", "dup", "epoch", "notice", "amend"]
+        kind = draw(st.sampled_from(kinds))
+        messages = [m for m in sent if m.event_type == 0 and m.amend_action is None]
         group = draw(st.sampled_from(GROUPS))
         if kind == "version" or (kind in ("group", "epoch") and versions[group] == 0):
             versions[group] += 1
@@ -102,6 +106,23 @@ def logs(draw: st.DrawFn) -> Log:
                 participants=sorted(subjects),
                 event_type=2,
                 committed_at=now,
+            )
+        elif kind == "amend" and messages:  # a recall / edit / delete of an earlier message
+            target = draw(st.sampled_from(messages))
+            action = draw(st.sampled_from(["recall", "edit", "delete"]))
+            conv = target.conversation_id
+            seq = None
+            if conv in group_seq:
+                group_seq[conv] += 1
+                seq = group_seq[conv]
+            d = amend(
+                n,
+                target,
+                action,
+                new_payload=b"edited" if action == "edit" else b"",
+                actor=draw(st.sampled_from(USERS)),
+                committed_at=now,
+                seq_in_conversation=seq,
             )
         elif kind == "dup" and sent:
             d = draw(st.sampled_from(sent))

@@ -196,15 +196,27 @@ class World:
                 )
             )
 
-    def recall(self, conv: str, target: int, *, by: str = "a") -> None:
-        """A recall CONTROL (own seq, no order/unread flags) removing ``target``."""
+    def recall(
+        self, conv: str, target: int, *, by: str = "a", edit: bool = False, dup: bool = False
+    ) -> None:
+        """A recall CONTROL (own seq, no order/unread flags) removing ``target``; ``edit``: an
+        edit CONTROL instead (same anchor, removes nothing); ``dup``: the entry is delivered
+        twice in a row (a redelivery: the same mailbox key)."""
         stored = self.store.rows[conv][target]
         assert stored.removed_at is None
         seq, activity = self._commit(conv)
         m = self._next_offset()
-        stored.removed_at = m
+        if not edit:
+            stored.removed_at = m
         if not self.member_at(conv, seq):
             return
+        for _ in range(2 if dup else 1):
+            self._control(conv, (seq, activity, m, target), by, stored, not edit)
+
+    def _control(
+        self, conv: str, at: tuple[int, int, int, int], by: str, stored: StoredFact, removes: bool
+    ) -> None:
+        seq, activity, m, target = at
         f = stored.facts
         self.log.append(
             EntryIn(
@@ -224,7 +236,7 @@ class World:
                     target_flags=stored.flags_for_u,
                     target_mention_type=f.mention_type,
                 ),
-                removes_target=True,
+                removes_target=removes,
             )
         )
 

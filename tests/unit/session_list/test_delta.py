@@ -11,10 +11,10 @@ from qim.core.session_list import (
     UserConversationState,
     apply_change,
     badge_update,
-    flush_order,
-    merge_window,
+    delta_merge,
     read_sync,
 )
+from qim.core.session_list.delta_merge import DeltaMergeBuffer
 from qim.schemas.frames.history import SessionDelta
 
 
@@ -44,17 +44,21 @@ def test_absolute_value_idempotency_26_4_4_AT_30() -> None:
 def test_client_handler_has_no_additive_unread_path_26_4_4() -> None:
     source = inspect.getsource(ClientSessionCache.apply_delta)
     assert "unread" not in source  # whole-frame overwrite: no field arithmetic at all
-    merge_source = inspect.getsource(merge_window)
+    merge_source = inspect.getsource(delta_merge._merge)  # the window's merge rule
     assert "+" not in merge_source.split('"""')[-1]
 
 
 def test_merge_window_replaces_per_conversation_AT_32() -> None:
-    window = merge_window({}, [delta("a", v, v) for v in range(1, 11)])
-    window = merge_window(window, [delta("b", 3, 1)])
-    assert sorted(window) == ["a", "b"]
-    assert window["a"].unread_count == 10  # the last frame, not 55
-    assert merge_window(window, [delta("a", 4, 99)])["a"].projection_mailbox_seq == 10
-    assert [d.conversation_id for d in flush_order(window)] == ["b", "a"]
+    window: DeltaMergeBuffer[str] = DeltaMergeBuffer(100)
+    for v in range(1, 11):
+        window.offer("conn", delta("a", v, v), now_ms=0)
+    window.offer("conn", delta("b", 3, 1), now_ms=0)
+    window.offer("conn", delta("a", 4, 99), now_ms=0)  # older than the held one: dropped
+    [(_, frames)] = window.due(100)
+    assert [f.conversation_id for f in frames if isinstance(f, SessionDelta)] == ["a", "b"]
+    a = frames[0]
+    assert isinstance(a, SessionDelta)
+    assert (a.unread_count, a.projection_mailbox_seq) == (10, 10)  # the last frame, not 55
 
 
 def test_gap_pulls_instead_of_applying_and_is_rate_limited_AT_33() -> None:

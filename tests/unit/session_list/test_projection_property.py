@@ -2,12 +2,13 @@
 
 Random streams for one user over three conversations: messages from self and others (some
 ``counts_unread=false``, some @-mentions, some delivered late so ``conversation_seq`` and
-mailbox order disagree), recalls, MARK_READ from several devices (stale ones included), mark
-unread, clear history, local delete, pin / mute / archive, leave and rejoin. The log is folded
-(a) in one pass and (b) in random batches, each after a checkpoint encode/decode and with the
-tail of the previous batch redelivered; both must be byte-identical, equal the formula for every
-conversation the user is a member of, keep the badge equal to its recomputation, and leave a
-client that applied every SESSION_DELTA with the final values.
+mailbox order disagree), recalls and edits (some delivered twice in a row), MARK_READ from
+several devices (stale ones included), mark unread, clear history, local delete, pin / mute /
+archive, leave and rejoin. The log is folded (a) in one pass and (b) in random batches, each
+after a checkpoint encode/decode and with the tail of the previous batch redelivered; both
+must be byte-identical, equal the formula for every conversation the user is a member of, keep
+the badge equal to its recomputation, and leave a client that applied every SESSION_DELTA with
+the final values.
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ send = st.tuples(
 other = st.one_of(
     st.tuples(st.just("deliver"), st.integers(0, 4)),
     st.tuples(st.just("recall"), conv, st.integers(0, 30)),
+    st.tuples(st.just("edit"), conv, st.integers(0, 30), st.booleans()),
     st.tuples(st.just("read"), conv, st.integers(0, 40)),
     st.tuples(st.just("unread"), conv),
     st.tuples(st.just("clear"), conv),
@@ -75,7 +77,7 @@ op = st.integers(0, 9).flatmap(
     lambda n: (
         send
         if n < 5
-        else st.tuples(st.just("recall"), conv, st.integers(0, 30))
+        else st.tuples(st.just("recall"), conv, st.integers(0, 30), st.booleans())
         if n == 5
         else st.tuples(st.just("deliver"), st.integers(0, 4))
         if n == 6
@@ -97,11 +99,12 @@ def play(ops: list[tuple[Any, ...]]) -> World:
             w.send(c, "b", stray=True)
         elif kind == "deliver" and w.held:
             w.deliver_held(args[0] % len(w.held))
-        elif kind == "recall":
+        elif kind in ("recall", "edit"):
             stored = sorted(w.store.rows.get(c, {}).items())
             live = [seq for seq, fact in stored if fact.removed_at is None]
+            dup = len(args) > 2 and args[2]
             if live:
-                w.recall(c, live[args[1] % len(live)])
+                w.recall(c, live[args[1] % len(live)], edit=kind == "edit", dup=dup)
         elif kind == "read":
             w.change(c, MarkRead(args[1] % (w.heads[c] + 1)))  # devices read anywhere
         elif kind in ("unread", "clear", "delete"):
