@@ -47,6 +47,7 @@ from aiokafka.errors import IllegalStateError, ProducerFenced
 from mode import Service
 from prometheus_client import CollectorRegistry
 
+from qim.agents.user_quota import UserQuotaFollower
 from qim.agents.writer_lease import HeartbeatLease
 from qim.agents.writer_metrics import WriterMetrics
 from qim.agents.writer_options import WriterOptions, describe_topics
@@ -100,6 +101,8 @@ class ConversationWriterService(Service):
         self._semaphore = asyncio.Semaphore(options.restore_concurrency)
         self._assigned_at = 0.0
         self.metrics = WriterMetrics(self.registry, self.status)
+        self.quota = UserQuotaFollower(options.bootstrap, options.user_quota_topic)
+        """The users at ``max_conversations_per_user`` (``writer_requests._check_quota``)."""
 
     # -- status ----------------------------------------------------------------------------------
 
@@ -113,6 +116,8 @@ class ConversationWriterService(Service):
             "lease_lapses": self.lease.lapses,
             "committed_transactions": sum(o.committed for o in self._owned.values()),
             "takeover_ms": {str(p): round(ms) for p, ms in sorted(self.takeover_ms.items())},
+            "quota_records": self.quota.records,
+            "quota_exhausted": len(self.quota.exhausted),
             **self.counters,
         }
 
@@ -121,11 +126,13 @@ class ConversationWriterService(Service):
     async def on_start(self) -> None:
         opts = self.options
         self._topics, partitions = await describe_topics(opts)
+        await self.quota.start()
         self._ctx = RequestContext(
             config=opts.config,
             partition_count=partitions,
             max_members=opts.max_members,
             member_limits=opts.member_limits,
+            exhausted=self.quota.exhausted,
         )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=opts.bootstrap,
@@ -157,6 +164,7 @@ class ConversationWriterService(Service):
         self._dormant.clear()
         if self._consumer is not None:
             await self._consumer.stop()
+        await self.quota.stop()
 
     # -- the loop --------------------------------------------------------------------------------
 

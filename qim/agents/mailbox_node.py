@@ -57,6 +57,7 @@ from qim.agents.mailbox_presence import (
 )
 from qim.agents.mailbox_publish import plan_commit, replies_for, send_replies
 from qim.agents.mailbox_push import plan_batch_pushes, send_pushes
+from qim.agents.mailbox_quota import publish_quota
 from qim.agents.mailbox_reads import ReadContext
 from qim.agents.mailbox_session_push import plan_session_pushes, send_session_pushes
 from qim.agents.mailbox_sessions import ReadMerge, send_commands, user_state_commands
@@ -311,6 +312,16 @@ class MailboxNodeService(Service):
             await self._push(shard, result.written, batch)
             if result.sessions and last >= shard.high_water:  # replay pushes nothing
                 await self._session_push(shard, result.sessions)
+            if result.sessions and self._producer is not None:  # I-26: only crossings
+                await publish_quota(
+                    self._producer,
+                    self.options.user_quota_topic,
+                    shard.store,
+                    result.sessions,
+                    limit=shard.config.session_list.max_conversations_per_user,
+                    mailbox_shard=shard.shard,
+                    as_of_mailbox_seq=compose_mailbox_seq(shard.epoch, last),
+                )
         shard.consumed(records[-1].offset)
 
     async def _session_push(self, shard: OwnedShard, changes: Sequence[SessionChange]) -> None:

@@ -39,7 +39,7 @@ from qim.core.mailbox import FIRST_SHARD_EPOCH, MailboxConfig
 from qim.core.sync import CursorKey, CursorKeyRing, PullLimits
 from qim.params import Settings
 from qim.schemas.seqs import MAX_EPOCH
-from qim.streams.topics import DISPATCH, PRESENCE, TO_GATEWAY, USER_REQUESTS
+from qim.streams.topics import DISPATCH, PRESENCE, TO_GATEWAY, USER_QUOTA, USER_REQUESTS
 
 __all__ = [
     "CRASH_STEPS",
@@ -153,6 +153,7 @@ class MailboxOptions:
     requests_topic: str = USER_REQUESTS.name
     to_gateway_topic: str = TO_GATEWAY.name
     presence_topic: str = PRESENCE.name
+    user_quota_topic: str = USER_QUOTA.name
     reconcile_interval_s: float = 60.0
     """Presence reconcile period (5.4.3 (2)); 0 turns it off."""
     tombstone_probe: bool = True

@@ -33,6 +33,7 @@ from qim.streams.topics import (
     DISPATCH,
     OUTBOX,
     TO_GATEWAY,
+    USER_QUOTA,
     WRITER_SNAPSHOTS,
 )
 
@@ -80,6 +81,7 @@ class WriterOptions:
     to_gateway_topic: str = TO_GATEWAY.name
     dispatch_topic: str = DISPATCH.name
     admin_replies_topic: str = ADMIN_REPLIES.name
+    user_quota_topic: str = USER_QUOTA.name
 
     @classmethod
     def load(

@@ -20,12 +20,14 @@ Nothing here performs I/O except MessageStore reads; appends go into the plan.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from qim.agents.writer_membership import admin, create, leave
 from qim.agents.writer_partition import PartitionWriter, Plan
 from qim.agents.writer_replies import refuse, reply_to
 from qim.core.conversation import Accepted, Amended, WriterConfig, conversation_kind
+from qim.core.conversation.quota import QUOTA_EXHAUSTED, UserKey, joining_users, quota_refused
 from qim.core.history import (
     FULL_INTERVAL,
     HistoryLimits,
@@ -70,6 +72,8 @@ class RequestContext:
         default_factory=lambda: HistoryLimits(max_bytes_cap=512 * 1024)
     )
     """512 KiB: a HISTORY_BATCH reply must fit one Kafka record (1 MiB by default)."""
+    exhausted: Collection[UserKey] = frozenset()
+    """The users at ``max_conversations_per_user`` (``UserQuotaFollower``: a live set)."""
 
 
 def conversation_of_request(request: ConversationRequest) -> tuple[str, str]:
@@ -102,12 +106,37 @@ def handle_request(
             raise MembershipRejected("invalid_conversation_id") from None
         if owner != pw.partition:
             raise ProtocolError("misrouted", code=ErrorCode.SHARD_MOVED)
+        _check_quota(pw, ctx, request, tenant_id, conversation_id)
         _dispatch(pw, ctx, request, now_ms, plan)
     except ProtocolError as exc:
         refuse(request, exc, plan)
     except ClockUnsafeError as exc:
         wait = max(1, exc.regression_ms - ctx.config.clock_regression_reject_ms)
         refuse(request, ProtocolError("clock_unsafe", code=ErrorCode.CLOCK_UNSAFE), plan, wait)
+
+
+def _check_quota(
+    pw: PartitionWriter,
+    ctx: RequestContext,
+    request: ConversationRequest,
+    tenant_id: str,
+    conversation_id: str,
+) -> None:
+    """Refuse, before anything is appended, a request that makes a user at the cap join."""
+    if not ctx.exhausted:
+        return
+    m = pw.membership
+    if conversation_kind(conversation_id) == DIRECT:
+        exists = pw.state.head(tenant_id, conversation_id) is not None
+    else:
+        exists = m.group(tenant_id, conversation_id) is not None or m.has_pending_create(
+            tenant_id, conversation_id
+        )
+    joining = joining_users(
+        request, exists=exists, is_member=lambda u: m.is_member(tenant_id, conversation_id, u)
+    )
+    if quota_refused(tenant_id, joining, ctx.exhausted):
+        raise MembershipRejected(QUOTA_EXHAUSTED)
 
 
 def _dispatch(

@@ -124,6 +124,16 @@ ADMIN_REPLIES = TopicSpec(
     producer="ConversationWriter",
     consumer="the group admin endpoint (`qim admin serve`) that sent the request",
 )
+USER_QUOTA = TopicSpec(
+    name="qim.user-quota",
+    partitions_param="mailbox_shard_count",
+    partitioned_by="explicit partition = mailbox_shard_id of the user",
+    key="(tenant, user_id)",
+    cleanup="compact",
+    retention_ms=None,
+    producer="MailboxNode (when a user's conversation count crosses max_conversations_per_user)",
+    consumer="ConversationWriter (every worker reads every partition from the start, no group)",
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONVERSATION_REQUESTS,
@@ -134,4 +144,5 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     TO_GATEWAY,
     WRITER_SNAPSHOTS,
     ADMIN_REPLIES,
+    USER_QUOTA,
 )

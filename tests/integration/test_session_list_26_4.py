@@ -62,13 +62,25 @@ async def until_row(
         await asyncio.sleep(0.3)
 
 
-async def pushed(device: SyncResult) -> list[SyncEntry]:
-    """Every entry pushed to ``device`` so far (frames queued within a second included)."""
-    out: list[SyncEntry] = []
-    for body in await drain(device.client):
-        if isinstance(body, PushEvents):
-            out.extend(body.events)
-    return out
+async def pushed_states(
+    device: SyncResult, conv: str, done: Callable[[UserConversationState], bool]
+) -> list[UserConversationState]:
+    """The user-state CONTROL entries pushed to ``device`` for ``conv``, read until the newest
+    one satisfies ``done`` (a push follows the WriteBatch a pull already sees: wait for it)."""
+    entries: list[SyncEntry] = []
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + WAIT_S
+    while True:
+        found = states(entries, conv)
+        if found and done(found[-1]):
+            return found
+        assert loop.time() < deadline, f"timed out waiting for pushed state: {found[-1:]}"
+        try:
+            frame = await device.client.next_event(timeout=0.5)
+        except TimeoutError:
+            continue
+        if isinstance(frame.body, PushEvents):
+            entries.extend(frame.body.events)
 
 
 async def test_read_pin_mute_and_manual_unread_reach_every_device_26_4_5_and_26_4_7(
@@ -108,8 +120,11 @@ async def test_read_pin_mute_and_manual_unread_reach_every_device_26_4_5_and_26_
 
             # A never gets its own read echoed; B got every change as a CONTROL entry.
             assert not [x for x in await drain(a.client) if isinstance(x, ReadSync)]
-            on_b = states(await pushed(b), conv)
-            assert on_b, "B got no user-state CONTROL entry"
+            on_b = await pushed_states(
+                b,
+                conv,
+                lambda s: s.pin_rank == 1 and s.muted and bool(s.manual_unread_conversation_seq),
+            )
             final_b = on_b[-1]
             assert final_b.read_conversation_seq == latest
             assert final_b.manual_unread_conversation_seq == latest  # U = head latest (7.5)

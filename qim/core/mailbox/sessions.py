@@ -60,6 +60,7 @@ from qim.core.session_list import (
     UserConversationState,
     UserProjection,
     fold,
+    listed,
 )
 from qim.core.session_list.rows import InputKey
 from qim.schemas.records.dispatch import GroupDispatch
@@ -94,6 +95,9 @@ class SessionChange:
     structural_change: bool
     read_advanced: tuple[tuple[str, int, str], ...] = ()
     """``(conversation_id, read_conversation_seq, origin_device_id)`` of MARK_READs."""
+    listed_delta: int = 0
+    """How many more rows the list shows after the batch than before (``quota``: the
+    ``max_conversations_per_user`` count moves only when this is not zero)."""
 
 
 class SessionFolds:
@@ -199,7 +203,8 @@ class SessionFolds:
         for key in sorted(self.projections):
             store_projection(self.kv, key[0], self.projections[key], self.before[key])
             touched = self.touched.get(key, {})
-            if touched or key in self.badge or key in self.structural or key in self.reads:
+            delta = _listed(self.projections[key]) - _listed(self.before[key])
+            if touched or delta or key in self.badge or key in self.structural or key in self.reads:
                 out.append(
                     SessionChange(
                         tenant_id=key[0],
@@ -208,6 +213,7 @@ class SessionFolds:
                         badge_changed=key in self.badge,
                         structural_change=key in self.structural,
                         read_advanced=tuple(self.reads.get(key, ())),
+                        listed_delta=delta,
                     )
                 )
         return tuple(out)
@@ -242,6 +248,11 @@ def drop_ops(kv: KVReader, tenant_id: str, user_id: str) -> list[tuple[bytes, by
     prefix = row_prefix(tenant_id, user_id)
     rows = [(key, None) for key, _ in kv.scan(prefix, prefix, False)]
     return [(projection_key(tenant_id, user_id), None), *rows]
+
+
+def _listed(p: UserProjection) -> int:
+    """The loaded rows the session list shows (a partial projection: only what was loaded)."""
+    return sum(listed(row, p.state(conv)) for conv, row in p.rows.items())
 
 
 def _conversation(item: EntryIn | StateIn) -> str:
