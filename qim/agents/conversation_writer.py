@@ -101,7 +101,9 @@ class ConversationWriterService(Service):
         self._semaphore = asyncio.Semaphore(options.restore_concurrency)
         self._assigned_at = 0.0
         self.metrics = WriterMetrics(self.registry, self.status)
-        self.quota = UserQuotaFollower(options.bootstrap, options.user_quota_topic)
+        self.quota = UserQuotaFollower(
+            options.bootstrap, options.user_quota_topic, options.mailbox_shard_count
+        )
         """The users at ``max_conversations_per_user`` (``writer_requests._check_quota``)."""
 
     # -- status ----------------------------------------------------------------------------------
