@@ -49,6 +49,7 @@ from qim.client.user_state import UserStateCalls
 from qim.schemas.frames import (
     DEFAULT_LIMITS,
     PROTOCOL_VERSION,
+    Auth,
     AuthOk,
     Body,
     Error,
@@ -132,6 +133,7 @@ class QimClient(FrameCalls, UserStateCalls):
         self.kicked: Kicked | None = None
         self.last_error: QimError | None = None  # last connection-level ERROR (request_id 0)
         self.last_applied_mailbox_seq = 0  # the application's cursor, reported in PING
+        self._bound: tuple[str, str, int] = ("", DEFAULT_CLIENT_VERSION, 0)  # for reauth
         self.sessions = SessionList()
         self.unknown_frames = 0  # skipped per §27.1.2
         self.late_replies = 0  # replies to requests that had already timed out
@@ -212,6 +214,7 @@ class QimClient(FrameCalls, UserStateCalls):
             raise
         if self.identity is None:
             self.identity = identity_from_token(access_token)
+        self._bound = (device_id, client_version, int(capabilities))
         self._reader = asyncio.create_task(self._read_loop(), name="qim-client-reader")
         if self._heartbeat_config.enabled:
             self._pinger = asyncio.create_task(self._ping_loop(), name="qim-client-heartbeat")
@@ -315,6 +318,33 @@ class QimClient(FrameCalls, UserStateCalls):
             self._requests.discard(request_id, future)
             if future.done() and not future.cancelled():
                 future.exception()  # it may have failed while we were still sending: retrieved
+
+    async def reauth(
+        self,
+        access_token: str,
+        *,
+        cursor: MailboxCursor | None = None,
+        timeout: float | None = None,
+    ) -> AuthOk:
+        """Silent renewal (§15.3.1): AUTH with a new ``access_token`` on this connection.
+
+        The device_id, client_version and capabilities are the ones bound at :meth:`connect`.
+        AUTH_OK keeps the session_epoch and only confirms renewal: nothing local is cleared.
+        The answer to ERROR{TOKEN_EXPIRED} (A.6 REFRESH_TOKEN_RECONNECT) before the
+        ``token_expiry_grace`` ends; raises :class:`QimError` (e.g. TOKEN_EXPIRED for a stale
+        token; the server then closes the connection).
+        """
+        device_id, client_version, capabilities = self._bound
+        body = Auth(
+            access_token=access_token,
+            device_id=device_id,
+            client_version=client_version,
+            capabilities=capabilities,
+            mailbox_cursor=cursor,
+        )
+        frame = await self.request(body, timeout=timeout)
+        assert isinstance(frame.body, AuthOk)  # request() checked the reply type
+        return frame.body
 
     def applied(self, mailbox_seq: int) -> None:
         """The application stored the device's mailbox up to ``mailbox_seq``: PING reports

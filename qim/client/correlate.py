@@ -23,6 +23,8 @@ from typing import Final, Generic, TypeVar
 import msgspec
 
 from qim.schemas.frames import (
+    Auth,
+    AuthOk,
     Body,
     CreateGroup,
     Error,
@@ -63,6 +65,7 @@ _U32_MAX: Final = 0xFFFF_FFFF
 # request body -> reply bodies App. A names for it (ERROR is always possible).
 EXPECTED_REPLIES: Final[Mapping[type[Body], tuple[type[Body], ...]]] = MappingProxyType(
     {
+        Auth: (AuthOk,),  # a re-AUTH on a live connection (§15.3.1 silent renewal)
         Ping: (Pong,),
         PullMailbox: (MailboxBatch,),
         SyncComplete: (OnlineReady,),

@@ -39,6 +39,7 @@ class CloseReason(Enum):
     REDIRECTED = "redirected"  # REDIRECT sent (§5.3.2)
     REFUSED = "refused"  # SHARD_MOVED / RATE_LIMITED after a good token
     SLOW_CONSUMER = "slow_consumer"  # send buffer over conn_send_hard_watermark (§11.3)
+    TOKEN_EXPIRED = "token_expired"  # token_expiry_grace over without renewal (§15.3.1)
     PEER_CLOSED = "peer_closed"
     SHUTDOWN = "shutdown"
 

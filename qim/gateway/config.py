@@ -125,6 +125,7 @@ class GatewayConfig:
                 presence_sub_max_targets=s.presence_sub_max_targets,
             ),
             flow=FlowLimits.from_settings(s),
+            token_expiry_grace_ms=int(s.token_expiry_grace),
         )
 
     @property

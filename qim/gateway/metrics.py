@@ -140,6 +140,11 @@ class GatewayMetrics:
             "SYNC_COMPLETE verdicts: online_ready / sync_incomplete (§9.3.4)", ["result"],
             registry=r,
         )  # fmt: skip
+        self.token_expired = Counter(
+            "qim_gateway_token_expired_total",
+            "ERROR{TOKEN_EXPIRED} on open connections: grace_write / closed (§15.3.1)", ["phase"],
+            registry=r,
+        )  # fmt: skip
         self.auth_window = WindowedCounter(5 * _MIN)
         self.auth_ok_window = WindowedCounter(5 * _MIN)
         self.auth_latency_window = WindowedQuantile(5 * _MIN)
@@ -191,3 +196,5 @@ class GatewayMetrics:
                     self.empty_pull_window.add(now)
         elif name == "sync_complete":
             self.sync_complete.labels(result=label).inc()
+        elif name == "token_expired":
+            self.token_expired.labels(phase=label).inc()

@@ -22,6 +22,9 @@ Rules and where they come from:
 * login sync (when the node asks the MailboxNode at AUTH): AUTH_OK carries its sync fields and
   starts the session's :class:`~qim.gateway.sync_barrier.LoginBarrier`, which answers
   SYNC_COMPLETE itself (§9.3.4); without it SYNC_COMPLETE is forwarded like any frame;
+* token expiry (§15.3.1, INV-48): past the grant's ``token_expires_at_ms`` writes get
+  ERROR{TOKEN_EXPIRED} for ``token_expiry_grace``, then ERROR{TOKEN_EXPIRED} + close (a frame
+  or the deadline, whichever comes first); rules in :mod:`~qim.gateway.token_expiry`;
 * online pushes (§9.4, §11.1.1): AUTH_OK creates the session's
   :class:`~qim.core.push.ConnectionPush` at ``sync_to_seq``; :meth:`Session.push` feeds it one
   expanded delivery (:mod:`~qim.gateway.session_push`: raw PUSH_EVENTS bytes on stream 1, the
@@ -33,7 +36,7 @@ Rules and where they come from:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -45,12 +48,14 @@ from qim.gateway.ports import AuthGrant
 from qim.gateway.session_push import SessionPushes
 from qim.gateway.states import ConnState, ConnStateMachine, Event
 from qim.gateway.sync_barrier import LoginBarrier
+from qim.gateway.token_expiry import TokenPhase, close_at_ms, expired_error, is_write, token_phase
 from qim.schemas.frames import (
     DEFAULT_LIMITS,
     PROTOCOL_VERSION,
     SUPPORTED_VERSIONS,
     Auth,
     AuthOk,
+    Body,
     Error,
     ErrorCode,
     Frame,
@@ -83,6 +88,7 @@ class SessionConfig:
     limits: Limits = DEFAULT_LIMITS
     server_versions: tuple[int, ...] = SUPPORTED_VERSIONS
     flow: FlowLimits = DEFAULT_FLOW_LIMITS  # conn_send_{soft,hard,low}_watermark (B.5, 11.3)
+    token_expiry_grace_ms: int = 300_000  # B.4 token_expiry_grace: read-only after expiry
 
 
 class Session(SessionPushes):
@@ -134,8 +140,18 @@ class Session(SessionPushes):
             deadline = self.opened_at_ms + self.config.unauth_timeout_ms
         else:
             deadline = self.last_active_ms + self.config.idle_timeout_ms
+            token = self._token_close_at_ms()
+            deadline = deadline if token is None else min(deadline, token)
         frag = self._frag_deadline_ms()
         return deadline if frag is None else min(deadline, frag)
+
+    def _token_close_at_ms(self) -> int | None:
+        exp = None if self.grant is None else self.grant.token_expires_at_ms
+        return close_at_ms(exp, self.config.token_expiry_grace_ms)
+
+    def _token_phase(self, now_ms: int) -> TokenPhase:
+        exp = None if self.grant is None else self.grant.token_expires_at_ms
+        return token_phase(exp, self.config.token_expiry_grace_ms, now_ms)
 
     def _frag_deadline_ms(self) -> int | None:
         since = self._frag_since_ms
@@ -193,6 +209,9 @@ class Session(SessionPushes):
         if self.closed:
             return self._denied("frame before AUTH_OK", frame.header.request_id)
         self.last_active_ms = now_ms
+        gated = self._token_gate(body, frame.header.request_id, now_ms)
+        if gated is not None:
+            return gated
         if self.sync is not None and isinstance(body, SyncComplete):
             actions = self.sync.complete(frame.header.request_id, body, self.version)
             return actions + self._release_pushes()
@@ -216,7 +235,10 @@ class Session(SessionPushes):
         renewal = self._machine.state is ConnState.RENEWING
         if self._fire(Event.AUTH_ACCEPTED) is ConnState.CLOSED:
             return []
-        if not renewal:
+        if renewal and self.grant is not None:  # only the expiry moves (AT-93)
+            exp = grant.token_expires_at_ms
+            self.grant = replace(self.grant, token_expires_at_ms=exp)
+        else:
             self.grant, self.lane_id = grant, lane_id
             if sync is not None:
                 self.sync, self.lane_id = LoginBarrier(sync), sync.lane_id
@@ -271,9 +293,12 @@ class Session(SessionPushes):
             return []
         unauth = self._machine.state in (ConnState.AWAITING_AUTH, ConnState.AUTHENTICATING)
         frag = self._frag_deadline_ms()
+        token = None if unauth else self._token_close_at_ms()
         self._fire(Event.TIMEOUT)
         if frag is not None and now_ms >= frag:
             return self._close(CloseReason.PROTOCOL_ERROR, "frag_assembly_timeout")
+        if token is not None and now_ms >= token:
+            return self._token_closed(0)
         reason = CloseReason.UNAUTH_TIMEOUT if unauth else CloseReason.IDLE_TIMEOUT
         return self._close(reason, f"no valid frame for {now_ms - self.last_active_ms} ms")
 
@@ -319,6 +344,25 @@ class Session(SessionPushes):
         error = Error(code=int(ErrorCode.PERMISSION_DENIED), detail=detail, request_id=request_id)
         return self._final(error, reason, detail)
 
+    def _token_gate(self, body: Body, request_id: int, now_ms: int) -> list[Action] | None:
+        """None: the frame goes on. In the grace a write gets ERROR{TOKEN_EXPIRED}; past it,
+        any frame ends the connection (§15.3.1)."""
+        phase = self._token_phase(now_ms)
+        if phase is TokenPhase.VALID or (phase is TokenPhase.GRACE and not is_write(body)):
+            return None
+        if phase is TokenPhase.GRACE:
+            error = expired_error(request_id, "access token expired: read-only grace")
+            sent = Send(error, request_id=request_id, version=self.version)
+            return [Count("token_expired", "grace_write"), sent]
+        self._fire(Event.TIMEOUT)
+        return self._token_closed(request_id)
+
+    def _token_closed(self, request_id: int) -> list[Action]:
+        """The state machine already moved to CLOSED: ERROR{TOKEN_EXPIRED}, then close."""
+        error = expired_error(request_id, "access token expired: grace over")
+        counted = Count("token_expired", "closed")
+        return [counted, *self._final(error, CloseReason.TOKEN_EXPIRED, error.detail)]
+
     def _protocol_error(self, exc: ProtocolError) -> list[Action]:
         error = exc.to_error_frame()
         if isinstance(exc, LimitExceeded):
@@ -350,6 +394,9 @@ class Session(SessionPushes):
         if self.closed:
             return self._denied("first frame must be AUTH", frame.header.request_id)
         self.last_active_ms = now_ms
+        gated = self._token_gate(ping, frame.header.request_id, now_ms)
+        if gated is not None:
+            return gated
         last_pushed, dirty, dirty_count = self._pong_fields()
         pong = Pong(
             ping_id=ping.ping_id,
@@ -372,6 +419,9 @@ class Session(SessionPushes):
         if online and self.grant is not None and auth.device_id != self.grant.device_id:
             self._fire(Event.BAD_REAUTH)
             return self._denied("re-AUTH must keep the bound device_id", rid, dup)
+        if online and self._token_phase(now_ms) is TokenPhase.EXPIRED:
+            self._fire(Event.TIMEOUT)  # the grace ended without renewal: too late (§15.3.1)
+            return self._token_closed(rid)
         self._fire(Event.AUTH)
         if self.closed:
             return self._denied("AUTH while another AUTH is in flight", rid, dup)
