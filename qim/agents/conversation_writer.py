@@ -135,6 +135,7 @@ class ConversationWriterService(Service):
             max_members=opts.max_members,
             member_limits=opts.member_limits,
             exhausted=self.quota.exhausted,
+            on_quota_refused=self.metrics.on_quota_refused,
         )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=opts.bootstrap,

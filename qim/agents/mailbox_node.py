@@ -57,7 +57,7 @@ from qim.agents.mailbox_presence import (
 )
 from qim.agents.mailbox_publish import plan_commit, replies_for, send_replies
 from qim.agents.mailbox_push import plan_batch_pushes, send_pushes
-from qim.agents.mailbox_quota import publish_quota
+from qim.agents.mailbox_quota import QuotaReconciler, publish_quota
 from qim.agents.mailbox_reads import ReadContext
 from qim.agents.mailbox_session_push import plan_session_pushes, send_session_pushes
 from qim.agents.mailbox_sessions import ReadMerge, send_commands, user_state_commands
@@ -113,6 +113,9 @@ class MailboxNodeService(Service):
         self.presence = NodePresence()
         self._push_tasks: set[asyncio.Task[None]] = set()
         self._reads = ReadMerge(options.settings.read_sync_merge_window)
+        self.quota = QuotaReconciler(
+            options.bootstrap, options.user_quota_topic, client_id=f"{options.client_id}-quota"
+        )
 
     def status(self) -> dict[str, Any]:
         """For the worker's ``/mailbox`` page and the tests."""
@@ -123,6 +126,7 @@ class MailboxNodeService(Service):
             "shards": {str(p): s.status() for p, s in sorted(self.owned.items())},
             "totals": dict(sorted(self.metrics.totals.items())),
             "presence": self.presence.status(),
+            "user_quota": self.quota.status(),
         }
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -150,6 +154,7 @@ class MailboxNodeService(Service):
         if self._push_tasks:
             await asyncio.gather(*self._push_tasks, return_exceptions=True)
         await self._append(self._reads.all())
+        await self.quota.stop()
         if self._producer is not None:
             await self._producer.stop()
         if self._admin is not None:
@@ -239,6 +244,13 @@ class MailboxNodeService(Service):
         finally:
             await reader.stop()
 
+    @Service.task
+    async def _quota_reconciler(self) -> None:
+        """I-26: heal the ``qim.user-quota`` records of taken-over shards (``mailbox_quota``)."""
+        while not self.should_stop:
+            await self.sleep(1.0)
+            await self.quota.run_due(lambda p: self.owned.get(p), self._lock, self._producer)
+
     async def _reconcile(self, reader: AIOKafkaConsumer, shard: int) -> None:
         """Read up to what the cache applied (outside the lock), then diff under the lock; if
         the cache moved on meanwhile, read the difference first."""
@@ -321,6 +333,7 @@ class MailboxNodeService(Service):
                     limit=shard.config.session_list.max_conversations_per_user,
                     mailbox_shard=shard.shard,
                     as_of_mailbox_seq=compose_mailbox_seq(shard.epoch, last),
+                    on_failed=lambda: self.quota.request([shard.shard]),
                 )
         shard.consumed(records[-1].offset)
 
@@ -456,6 +469,7 @@ class MailboxNodeService(Service):
                 admin=admin,
                 dormant=self._dormant,
             )
+            self.quota.request(self.owned)  # I-26: heal a crossing lost by the previous owner
             presence = sorted(tp for tp in assigned if tp.topic == self.options.presence_topic)
             try:
                 self.presence.assign(await rewind(consumer, presence))

@@ -8,7 +8,10 @@ HLC went back more than ``clock_regression_reject_ms`` (always 0). ``send_to_ack
 ``send_reject_total`` are the gateway's (every outcome passes there).
 
 Ours, prefixed ``qim_writer_``: transactions, outbox records, transaction time, and the
-service's counters and partition states read at scrape time.
+service's counters and partition states read at scrape time; and
+``qim_writer_quota_refused_total{tenant,dimension}``, the limit refusals 20.4.1 rule 3 asks to
+export per (tenant, dimension) (the spec names no metric; ``dimension`` is the parameter,
+``max_conversations_per_user`` for now).
 """
 
 from __future__ import annotations
@@ -79,5 +82,13 @@ class WriterMetrics:
             "qim_writer_transaction_seconds", "begin -> commit of one transaction",
             registry=r, buckets=_TXN_BUCKETS,
         )  # fmt: skip
+        self.quota_refused = Counter(
+            "qim_writer_quota_refused_total", "requests refused at a limit (20.4.1 rule 3)",
+            labelnames=("tenant", "dimension"), registry=r,
+        )  # fmt: skip
         if status is not None:
             r.register(_Status(status))
+
+    def on_quota_refused(self, tenant_id: str) -> None:
+        """One request refused ``conversation_quota_exhausted``."""
+        self.quota_refused.labels(tenant_id, "max_conversations_per_user").inc()

@@ -20,7 +20,7 @@ Nothing here performs I/O except MessageStore reads; appends go into the plan.
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
 from qim.agents.writer_membership import admin, create, leave
@@ -74,6 +74,8 @@ class RequestContext:
     """512 KiB: a HISTORY_BATCH reply must fit one Kafka record (1 MiB by default)."""
     exhausted: Collection[UserKey] = frozenset()
     """The users at ``max_conversations_per_user`` (``UserQuotaFollower``: a live set)."""
+    on_quota_refused: Callable[[str], None] = lambda _tenant_id: None
+    """Called with the tenant of each request refused at the cap (20.4.1 rule 3's counter)."""
 
 
 def conversation_of_request(request: ConversationRequest) -> tuple[str, str]:
@@ -136,6 +138,7 @@ def _check_quota(
         request, exists=exists, is_member=lambda u: m.is_member(tenant_id, conversation_id, u)
     )
     if quota_refused(tenant_id, joining, ctx.exhausted):
+        ctx.on_quota_refused(tenant_id)
         raise MembershipRejected(QUOTA_EXHAUSTED)
 
 

@@ -252,6 +252,22 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
         ("qim_gateway_requests_forwarded_total",),
         note="the denominator of send failures: sends forwarded to the writer",
     ),
+    # 15.3.1 token expiry on an open connection; 24.1.1 names no metric for it
+    _m(
+        "token expiry grace (15.3.1)",
+        "15.3.1",
+        "gateway",
+        ("qim_gateway_token_expired_total",),
+        note='phase="grace_write": a write refused in the grace; "closed": grace over, closed',
+    ),
+    # 20.4.1 rule 3: limit refusals per (tenant, dimension); the spec names no metric
+    _m(
+        "limit refusals per (tenant, dimension)",
+        "20.4.1",
+        "conversation",
+        ("qim_writer_quota_refused_total",),
+        note='dimension="max_conversations_per_user" (conversation_quota_exhausted)',
+    ),
 )
 
 
