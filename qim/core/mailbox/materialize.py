@@ -124,6 +124,7 @@ class _Fold:
         self.metrics = dict.fromkeys(METRICS, 0)
         self.cap_evicted: dict[str, int] = {}
         self.sessions = SessionFolds(self.kv, config.session_list)
+        self.sessions.log_now_ms = self.log_now
 
     def apply(self, offset: int, record: ShardLogRecord) -> None:
         seq = compose_mailbox_seq(self.epoch, offset)
@@ -145,6 +146,7 @@ class _Fold:
             self.metrics["dispatch_misrouted_total"] += 1
             return
         self.log_now = max(self.log_now, d.committed_at)
+        self.sessions.log_now_ms = self.log_now
         raw = self.kv.get(keys.dispatch_key(d.tenant_id, d.dispatch_id))
         if raw is not None:
             seen = decode_value(raw, DispatchProgress)
@@ -283,10 +285,10 @@ class _Fold:
     def _keep_facts(self, seq: int, d: GroupDispatch) -> None:
         """The session recount's copy of the message (``session_store.StoredFacts``), expiring
         with the body."""
-        fkey = self.sessions.facts(d, seq)
         expire = expiry_at(d.committed_at, self.config.retention_days(d.tenant_id))
         if d.retention_class == "ephemeral_24h":
             expire = min(expire, d.committed_at + DAY_MS)
+        fkey = self.sessions.facts(d, seq, expire)
         self.kv.put(keys.expiry_key(expire, fkey), b"")
 
     def _user_state(self, seq: int, c: UserStateCommand) -> None:
@@ -297,6 +299,7 @@ class _Fold:
             self.metrics["dispatch_misrouted_total"] += 1
             return
         self.log_now = max(self.log_now, c.committed_at)
+        self.sessions.log_now_ms = self.log_now
         rows = apply_command(self.sessions, seq, c)
         if not rows:
             return

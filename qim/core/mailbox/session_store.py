@@ -127,6 +127,7 @@ class StoredFacts(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     it, so a recount as of an earlier record still counts it (log-consistent replay, 12.5.5).
     ``amended_mailbox_seq``: the last recall / edit / delete applied (``preview`` is then the
     amended one); a re-applied dispatch of the message keeps such a row (``keep_facts``).
+    ``expire_at``: when retention removes the row (the time of its expiry index key).
     Fields are append-only, like ``values.py``'s rows."""
 
     mailbox_seq: U64
@@ -137,6 +138,13 @@ class StoredFacts(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     preview: bytes = b""
     removed_mailbox_seq: U64 = 0
     amended_mailbox_seq: U64 = 0
+    expire_at: U64 = 0
+
+    def expired_by(self, log_now_ms: int) -> bool:
+        """Retention ended by this log time (0: a row from before the field, never): the row
+        counts as gone whether or not a sweep removed it yet, so a fold never depends on
+        when sweeps ran (18.3; the dedup row's ``expire_at`` works the same way)."""
+        return 0 < self.expire_at <= log_now_ms
 
     def removed_as_of(self, as_of_mailbox_seq: int) -> bool:
         return 0 < self.removed_mailbox_seq <= as_of_mailbox_seq
@@ -167,10 +175,11 @@ _ROW_ENC: Final = msgspec.json.Encoder()
 _ROW: Final = msgspec.json.Decoder(SessionRow)
 
 
-def facts_of(d: GroupDispatch, mailbox_seq: int) -> StoredFacts:
+def facts_of(d: GroupDispatch, mailbox_seq: int, expire_at: int = 0) -> StoredFacts:
     template = d.event_template
     return StoredFacts(
         mailbox_seq=mailbox_seq,
+        expire_at=expire_at,
         sender_id=d.sender_id,
         counts_unread=template.counts_unread,
         mention_targets=tuple(template.mention_targets),
@@ -217,11 +226,13 @@ def decode_state(data: bytes) -> UserConversationState:
 @dataclass(frozen=True, slots=True)
 class ShardMessageSource:
     """``MessageSource`` over the shard's ``R`` rows for one user (12.5.2): log-consistent
-    because a row is visible only when it arrived at or before ``as_of_mailbox_seq``."""
+    because a row is visible only when it arrived at or before ``as_of_mailbox_seq`` and its
+    retention had not ended by ``log_now_ms`` (the fold's log time), swept or not."""
 
     kv: KVReader
     tenant_id: str
     user_id: str
+    log_now_ms: int = 0
 
     def read_range(
         self,
@@ -239,7 +250,7 @@ class ShardMessageSource:
             if seq > upto_seq or len(out) >= limit:
                 break
             facts = _FACTS.decode(value)
-            if facts.mailbox_seq > as_of_mailbox_seq:
+            if facts.mailbox_seq > as_of_mailbox_seq or facts.expired_by(self.log_now_ms):
                 continue
             out.append(
                 MessageFacts(
@@ -325,8 +336,8 @@ def load_projection(kv: KVReader, tenant_id: str, user_id: str) -> UserProjectio
 def store_projection(
     kv: Overlay, tenant_id: str, p: UserProjection, before: UserProjection | None = None
 ) -> None:
-    """Write ``p``'s header and every row that differs from ``before`` (the states are ``U``,
-    written where they change)."""
+    """Write ``p``'s header and every row that differs from ``before``, and delete the rows
+    ``p`` no longer has (the states are ``U``, written where they change)."""
     header = ProjectionHeader(badge=p.badge, applied_through=p.applied_through)
     if before is None or (before.badge, before.applied_through) != (
         p.badge,
@@ -337,3 +348,6 @@ def store_projection(
         row = p.rows[conv]
         if before is None or before.rows.get(conv) != row:
             kv.put(row_key(tenant_id, p.user_id, conv), _ROW_ENC.encode(row))
+    if before is not None:
+        for conv in sorted(set(before.rows) - set(p.rows)):  # a delete removed the row
+            kv.delete(row_key(tenant_id, p.user_id, conv))

@@ -29,7 +29,7 @@ from typing import Final
 import msgspec
 
 from qim.core.mailbox.expand import EntryRow
-from qim.core.mailbox.keys import EntryKey, parse_entry_key, user_entry_prefix
+from qim.core.mailbox.keys import META, EntryKey, parse_entry_key, user_entry_prefix
 from qim.core.mailbox.kvstore import Overlay
 from qim.core.mailbox.ports import KVReader, Op
 from qim.core.mailbox.reader import sync_entry
@@ -52,7 +52,7 @@ from qim.core.mailbox.session_store import (
     state_key,
     store_projection,
 )
-from qim.core.mailbox.values import StoredEntry, decode_value
+from qim.core.mailbox.values import ShardMeta, StoredEntry, decode_value
 from qim.core.session_list import (
     EntryIn,
     SessionListConfig,
@@ -113,6 +113,9 @@ class SessionFolds:
         self.badge: set[tuple[str, str]] = set()
         self.structural: set[tuple[str, str]] = set()
         self.reads: dict[tuple[str, str], list[tuple[str, int, str]]] = {}
+        self.log_now_ms = 0
+        """The log time of the record being folded (set by ``materialize``): recounts skip
+        facts whose retention ended by then (``StoredFacts.expired_by``)."""
 
     def projection(
         self, tenant_id: str, user_id: str, conversations: Iterable[str] = ()
@@ -151,7 +154,7 @@ class SessionFolds:
         late = bool(inputs) and inputs[0].key <= applied
         if late:  # a dispatch resolved below the position (see the module doc, deviation 1)
             p = msgspec.structs.replace(p, applied_through=_NONE_KEY)
-        source = ShardMessageSource(self.kv, tenant_id, user_id)
+        source = ShardMessageSource(self.kv, tenant_id, user_id, self.log_now_ms)
         result = fold(p, inputs, source, self.config)
         out = result.projection
         if late and out.applied_through < applied:
@@ -164,12 +167,12 @@ class SessionFolds:
         if result.structural_change:
             self.structural.add(key)
 
-    def facts(self, d: GroupDispatch, mailbox_seq: int) -> bytes:
+    def facts(self, d: GroupDispatch, mailbox_seq: int, expire_at: int) -> bytes:
         """Keep the message's facts (once per shard, like the body: a re-applied dispatch
         writes them again, whether or not a sweep removed them meanwhile, so any sweep
         schedule gives the same store); returns the key for the expiry index."""
         key = facts_key(d.tenant_id, d.conversation_id, d.conversation_seq, d.message_id)
-        self.kv.put(key, encode_facts(facts_of(d, mailbox_seq)))
+        self.kv.put(key, encode_facts(facts_of(d, mailbox_seq, expire_at)))
         return key
 
     def entries(
@@ -232,7 +235,9 @@ def rebuild_user(
         entry_in(parse_entry_key(key), decode_value(value, StoredEntry))
         for key, value in kv.scan(prefix, prefix, False)
     ]
-    source = ShardMessageSource(kv, tenant_id, user_id)
+    meta = kv.get(META)
+    log_now = 0 if meta is None else decode_value(meta, ShardMeta).log_now_ms
+    source = ShardMessageSource(kv, tenant_id, user_id, log_now)
     return fold(p, inputs, source, config).projection
 
 

@@ -170,6 +170,12 @@ class _Fold:
         if row is None:
             return
         latest = row.latest_conversation_seq
+        if latest <= new_state.deleted_before_conversation_seq:
+            # INV-32: no row at or below deleted_before (a rebuild never creates one); a
+            # later message above it resurrects the conversation with a fresh row.
+            del self.rows[conv]
+            self.touched.pop(conv, None)  # no row, no SESSION_DELTA: the CONTROL entry says it
+            return
         upper = upper_bound(new_state, latest)
         counts = rebase(
             self.user,

@@ -15,7 +15,13 @@ import msgspec
 
 from qim.agents.mailbox_push import plan_batch_pushes
 from qim.client.sessions import SessionList
-from qim.core.mailbox import MemoryMailboxStore, StoreMailboxReader, commit, materialize
+from qim.core.mailbox import (
+    MemoryMailboxStore,
+    StoreMailboxReader,
+    commit,
+    materialize,
+    retention_sweep,
+)
 from qim.core.mailbox.reader import join_bodies
 from qim.core.mailbox.replay import store_digest
 from qim.core.mailbox.result import MaterializeResult
@@ -435,3 +441,36 @@ def test_sdk_session_list_takes_the_recall_delta_in_place() -> None:
     shown = client.rows[CONV]
     assert (shown.preview_or_placeholder, shown.latest_conversation_seq) == (PLACEHOLDER, 5)
     assert shown.unread_count == 4
+
+
+def test_a_recall_after_retention_folds_the_same_whether_or_not_a_sweep_ran() -> None:
+    """18.3 + 12.5.5: the recall of the first mention moves it to the next one *still retained
+    at the recall's log time*; a facts row whose retention ended counts as gone whether or not
+    a sweep removed it yet (found by the sweep-convergence property test)."""
+    day = 24 * 3600 * 1000
+    mentions = EventTemplate(mention_targets=(ME,))
+    old = [
+        dispatch(n, conversation=CONV, sender=PEER, participants=(ME, PEER), template=mentions)
+        for n in (1, 2, 3)
+    ]
+    later = BASE_TIME + 10 * day  # the three above are past retention by then
+    new = dispatch(
+        4, conversation=CONV, sender=PEER, participants=(ME, PEER), template=mentions,
+        committed_at=later,
+    )  # fmt: skip
+    recall = amend(5, old[0], committed_at=later)
+    log: list[tuple[int, ShardLogRecord]] = list(enumerate([*old, new, recall]))
+
+    def run_log(sweep_each: bool) -> MemoryMailboxStore:
+        store = MemoryMailboxStore()
+        for item in log:
+            commit(store, materialize(store, [item], shard_epoch=EPOCH, config=CONFIG))
+            if sweep_each:
+                store.apply(retention_sweep(store, 1 << 62, CONFIG).ops)
+        store.apply(retention_sweep(store, 1 << 62, CONFIG).ops)
+        return store
+
+    swept, unswept = run_log(True), run_log(False)
+    assert store_digest(swept.items()) == store_digest(unswept.items())
+    row = load_projection(unswept, T, ME).rows[CONV]
+    assert row.mention_first_conversation_seq == 4  # not the expired seq 2

@@ -244,6 +244,11 @@ def test_delete_hides_and_a_new_message_resurrects() -> None:
     conv = history[-1].conversation_id
     store = _cut_run([*history, _command("delete", conv, 3001)], [])
     assert conv not in [e.conversation_id for e in _listed(store)]
+    # INV-32: the live fold keeps no row at or below deleted_before, exactly like a rebuild
+    # (`qim replay projections` compares the two row for row)
+    live = load_projection(store, T, ME)
+    assert conv not in live.rows
+    assert live.rows == rebuild_user(store, T, ME, CONFIG.session_list, CONFIG.lane_count).rows
     later = dispatch(
         500,
         conversation=conv,

@@ -218,7 +218,7 @@ def test_clear_keeps_the_row_delete_drops_it_new_message_resurrects_AT_42_46() -
     w.change("c2", DeleteLocal(w.heads["c2"]))
     p = run(w)
     assert listed(p.rows["c1"], p.state("c1")) and p.rows["c1"].unread_count == 0
-    assert not listed(p.rows["c2"], p.state("c2"))
+    assert "c2" not in p.rows  # INV-32: no row at or below deleted_before
     w.send("c2", "a")
     p = run(w)
     assert listed(p.rows["c2"], p.state("c2")) and p.rows["c2"].unread_count == 1

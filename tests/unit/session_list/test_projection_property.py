@@ -155,7 +155,10 @@ def reference_sort_fields(w: World) -> dict[str, tuple[int, int]]:
     out: dict[str, tuple[int, int]] = {}
     for item in w.log:
         if isinstance(item, StateIn):
-            states[item.state.conversation_id] = item.state
+            conv = item.state.conversation_id
+            states[conv] = item.state
+            if out.get(conv, (0, 0))[0] <= item.state.deleted_before_conversation_seq:
+                out.pop(conv, None)  # INV-32: no row at or below deleted_before
             continue
         e = item.entry
         state = states.get(
@@ -220,6 +223,9 @@ def test_incremental_equals_refold_equals_formula(
     assert single.badge.sums == badge_of(single, config)
     assert max(w.store.reads, default=0) <= config.unread_precise_limit  # INV-13
     for c, held in client.sessions.items():
+        if c not in single.rows:  # deleted (INV-32): devices learn it from the CONTROL entry
+            assert single.state(c).deleted_before_conversation_seq >= held.latest_conversation_seq
+            continue
         final = session_delta(
             single.rows[c],
             single.state(c),
