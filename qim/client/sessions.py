@@ -11,6 +11,9 @@ A delta whose driving entry the device has not applied yet is a gap (12.6.4): it
 (the latest per conversation, by replacement) and applied by :meth:`SessionList.caught_up`
 once the device's mailbox position reaches its driving entry (a push or a PULL_MAILBOX);
 nothing is guessed meanwhile.
+A user-state CONTROL entry (another device's pin, mute, archive, delete; 12.9) carries the
+absolute UserConversationState: a pushed one updates the row's structure at once (no
+SESSION_DELTA carries it) and a delete removes the row (INV-32), newest entry first wins.
 """
 
 from __future__ import annotations
@@ -19,15 +22,19 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from qim.core.session_list import ClientSessionCache, DeltaOutcome
-from qim.schemas.frames import Body
-from qim.schemas.frames.base import u128_from_bytes
+from qim.core.mailbox.user_state import USER_STATE_CUSTOM_TYPE
+from qim.core.session_list import ClientSessionCache, DeltaOutcome, UserConversationState
+from qim.schemas.frames import Body, PushEvents, SyncEntry
+from qim.schemas.frames.base import EventType, u128_from_bytes
 from qim.schemas.frames.control import ReadSync
 from qim.schemas.frames.history import BadgeUpdate, SessionDelta, SessionEntry, SessionListBatch
 
 __all__ = ["SessionList"]
 
 _NO_PIN = 2**31
+_STATE: msgspec.msgpack.Decoder[UserConversationState] = msgspec.msgpack.Decoder(
+    UserConversationState
+)
 
 
 @dataclass
@@ -38,6 +45,8 @@ class SessionList:
     versions: dict[str, int] = field(default_factory=dict)
     cache: ClientSessionCache = field(default_factory=ClientSessionCache)
     revision: int = 0
+    state_seqs: dict[str, int] = field(default_factory=dict)
+    """mailbox_seq of the newest user-state CONTROL entry applied, per conversation."""
     gaps: int = 0
     held: dict[str, SessionDelta] = field(default_factory=dict)
 
@@ -123,8 +132,44 @@ class SessionList:
     def apply_badge(self, update: BadgeUpdate) -> bool:
         return self.cache.apply_badge(update)
 
+    def apply_state_entries(self, entries: tuple[SyncEntry, ...] | list[SyncEntry]) -> int:
+        """Apply the user-state CONTROL entries among ``entries``; returns how many changed a
+        row. Undecodable or older entries change nothing."""
+        changed = 0
+        for e in entries:
+            if e.event_type != EventType.CONTROL or e.custom_type != USER_STATE_CUSTOM_TYPE:
+                continue
+            conv = e.conversation_id
+            row = self.rows.get(conv)
+            if row is None or e.mailbox_seq <= self.state_seqs.get(conv, 0):
+                continue
+            try:
+                state = _STATE.decode(e.payload_or_ciphertext or b"")
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue
+            self.state_seqs[conv] = e.mailbox_seq
+            if state.deleted_before_conversation_seq >= row.latest_conversation_seq:
+                del self.rows[conv]
+                self.versions.pop(conv, None)
+            else:
+                self.rows[conv] = msgspec.structs.replace(
+                    row,
+                    pin_rank=state.pin_rank,
+                    muted=state.muted,
+                    archived=state.archived,
+                    read_conversation_seq=max(
+                        row.read_conversation_seq, state.read_conversation_seq
+                    ),
+                )
+            changed += 1
+        return changed
+
     def on_frame(self, body: Body, last_applied_mailbox_seq: int) -> bool:
-        """Apply a server-initiated frame if it is one of ours; True when it was."""
+        """Apply a server-initiated frame if it is one of ours; True when it was (a
+        PUSH_EVENTS is the sync's: only its user-state entries are read here)."""
+        if isinstance(body, PushEvents):
+            self.apply_state_entries(body.events)
+            return False
         if isinstance(body, SessionDelta):
             self.apply_delta(body, last_applied_mailbox_seq)
         elif isinstance(body, BadgeUpdate):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from qim.client.sessions import SessionList
-from qim.core.session_list import DeltaOutcome
-from qim.schemas.frames.base import u128_to_bytes
+from qim.core.mailbox.user_state import USER_STATE_CUSTOM_TYPE
+from qim.core.session_list import DeltaOutcome, UserConversationState
+from qim.schemas.frames import PushEvents, SyncEntry
+from qim.schemas.frames.base import EventType, u128_to_bytes
 from qim.schemas.frames.control import ReadSync
 from qim.schemas.frames.history import BadgeUpdate, SessionDelta, SessionEntry, SessionListBatch
 
@@ -101,3 +105,30 @@ def test_badge_only_moves_forward_and_zones_order_pinned_normal_archived() -> No
     )
     assert [r.conversation_id for r in s.ordered()] == ["p", "n", "x"]
     assert [r.conversation_id for r in s.ordered(include_archived=False)] == ["p", "n"]
+
+
+def test_pushed_user_state_entries_bring_pin_mute_archive_and_delete_at_once() -> None:
+    def control(conv: str, seq: int, state: UserConversationState) -> SyncEntry:
+        return SyncEntry(
+            mailbox_seq=seq,
+            event_type=EventType.CONTROL,
+            conversation_id=conv,
+            custom_type=USER_STATE_CUSTOM_TYPE,
+            payload_or_ciphertext=msgspec.msgpack.encode(state),
+        )
+
+    s = SessionList()
+    s.apply_page(page(1, entry("a", 9, 2), entry("b", 5, 1)), first=True)
+    pinned = UserConversationState(conversation_id="a", pin_rank=1, muted=True, archived=True)
+    deleted = UserConversationState(conversation_id="b", deleted_before_conversation_seq=5)
+    assert not s.on_frame(PushEvents(events=(control("a", 20, pinned),)), 0)  # the sync's frame
+    row = s.rows["a"]
+    assert (row.pin_rank, row.muted, row.archived) == (1, True, True)
+    # an older state entry (redelivered) never undoes a newer one
+    s.apply_state_entries([control("a", 19, UserConversationState(conversation_id="a"))])
+    assert s.rows["a"].pin_rank == 1
+    s.apply_state_entries([control("b", 21, deleted)])
+    assert "b" not in s.rows  # INV-32: a deleted conversation leaves the list
+    # a message above deleted_before brings it back through the next SESSION_DELTA / page
+    s.apply_delta(delta("b", 30, driving=30, unread=1, activity=6), 30)
+    assert s.rows["b"].unread_count == 1
