@@ -31,6 +31,7 @@ from qim.schemas.records import (
     SendRequest,
     WriterReply,
 )
+from qim.schemas.records.requests import reply_for
 
 __all__ = [
     "MISROUTED_RETRY_MS",
@@ -62,21 +63,7 @@ def reply_to(
     members: MemberListBatch | None = None,
 ) -> WriterReply:
     """The reply to ``request`` carrying exactly one of the bodies."""
-    if isinstance(request, SendRequest):
-        user_id, device_id = request.sender_id, request.sender_device_id
-    else:
-        user_id, device_id = request.user_id, request.device_id
-    return WriterReply(
-        tenant_id=request.tenant_id,
-        user_id=user_id,
-        device_id=device_id,
-        session_epoch=request.session_epoch,
-        connection_shard=request.connection_shard,
-        request_id=request.request_id,
-        error=error,
-        history=history,
-        members=members,
-    )
+    return reply_for(request, error=error, history=history, members=members)
 
 
 def error_body(exc: ProtocolError, request_id: int, retry_after_ms: int | None = None) -> Error:

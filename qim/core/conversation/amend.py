@@ -51,7 +51,7 @@ from qim.schemas.records.outbox import (
     PreviewPlaceholder,
     RetentionClass,
 )
-from qim.schemas.records.requests import AmendRequest, WriterReply, conversation_key
+from qim.schemas.records.requests import AmendRequest, WriterReply, conversation_key, reply_for
 
 __all__ = [
     "AmendMembershipView",
@@ -96,25 +96,12 @@ class Amended:
         return conversation_key(self.record.tenant_id, self.record.conversation_id)
 
 
-def _reply(request: AmendRequest, *, ack: SendAck | None, error: Error | None) -> WriterReply:
-    return WriterReply(
-        tenant_id=request.tenant_id,
-        user_id=request.user_id,
-        device_id=request.device_id,
-        session_epoch=request.session_epoch,
-        connection_shard=request.connection_shard,
-        request_id=request.request_id,
-        send_ack=ack,
-        error=error,
-    )
-
-
 def amend_error(
     request: AmendRequest, code: ErrorCode, retry_after_ms: int | None = None
 ) -> WriterReply:
     """ERROR{code} for the actor (no detail: a probe learns only the code)."""
     error = Error(code=int(code), retry_after_ms=retry_after_ms, request_id=request.request_id)
-    return _reply(request, ack=None, error=error)
+    return reply_for(request, error=error)
 
 
 def amend_ack(
@@ -127,7 +114,7 @@ def amend_ack(
         conversation_seq=conversation_seq,
         last_activity_id=last_activity_id,
     )
-    return _reply(request, ack=ack, error=None)
+    return reply_for(request, send_ack=ack)
 
 
 def amend_target(

@@ -26,7 +26,7 @@ from qim.schemas.frames.connection import Error
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.frames.messaging import SendAck
 from qim.schemas.records.outbox import MessageCommitted
-from qim.schemas.records.requests import SendRequest, WriterReply, conversation_key
+from qim.schemas.records.requests import SendRequest, WriterReply, conversation_key, reply_for
 
 __all__ = ["Accepted", "Decision", "Duplicate", "Rejected", "ack_reply", "error_reply"]
 
@@ -66,19 +66,6 @@ class Accepted:
 Decision = Rejected | Duplicate | Accepted
 
 
-def _reply(request: SendRequest, *, ack: SendAck | None, error: Error | None) -> WriterReply:
-    return WriterReply(
-        tenant_id=request.tenant_id,
-        user_id=request.sender_id,
-        device_id=request.sender_device_id,
-        session_epoch=request.session_epoch,
-        connection_shard=request.connection_shard,
-        request_id=request.request_id,
-        send_ack=ack,
-        error=error,
-    )
-
-
 def error_reply(
     request: SendRequest, code: ErrorCode, retry_after_ms: int | None = None, detail: str = ""
 ) -> WriterReply:
@@ -89,7 +76,7 @@ def error_reply(
         detail=detail,
         request_id=request.request_id,
     )
-    return _reply(request, ack=None, error=error)
+    return reply_for(request, error=error)
 
 
 def ack_reply(
@@ -103,4 +90,4 @@ def ack_reply(
         conversation_seq=conversation_seq,
         last_activity_id=last_activity_id,
     )
-    return _reply(request, ack=ack, error=None)
+    return reply_for(request, send_ack=ack)

@@ -55,6 +55,7 @@ __all__ = [
     "decode_conversation_request",
     "decode_writer_reply",
     "encode_record",
+    "reply_for",
     "user_key",
 ]
 
@@ -286,6 +287,34 @@ class WriterReply(_Record, tag="reply", kw_only=True, frozen=True):
     def partition(self) -> int:
         """The explicit to-gateway partition: the sender's ConnectionShard."""
         return self.connection_shard
+
+
+def reply_for(
+    request: SendRequest | _FromSession,
+    *,
+    send_ack: SendAck | None = None,
+    error: Error | None = None,
+    history: HistoryBatch | None = None,
+    members: MemberListBatch | None = None,
+) -> WriterReply:
+    """The reply to ``request``, addressed to the connection that sent it (a send names its
+    sender and device; a session request its session's user and device)."""
+    if isinstance(request, SendRequest):
+        user_id, device_id = request.sender_id, request.sender_device_id
+    else:
+        user_id, device_id = request.user_id, request.device_id
+    return WriterReply(
+        tenant_id=request.tenant_id,
+        user_id=user_id,
+        device_id=device_id,
+        session_epoch=request.session_epoch,
+        connection_shard=request.connection_shard,
+        request_id=request.request_id,
+        send_ack=send_ack,
+        error=error,
+        history=history,
+        members=members,
+    )
 
 
 GatewayRecord: TypeAlias = WriterReply
