@@ -124,8 +124,8 @@ def replay_mailbox(
     import asyncio
     import os
 
-    from qim.agents.mailbox_options import MailboxOptions
-    from qim.agents.mailbox_replay import replay_worker_shard
+    from qim.agents.mailbox.options import MailboxOptions
+    from qim.agents.mailbox.replay import replay_worker_shard
     from qim.apps.base import ROCKSDB_OPTIONS
     from qim.params import Settings
 
@@ -172,8 +172,8 @@ def replay_history(
     import asyncio
     import os
 
-    from qim.agents.history_replay import replay_history_partition
-    from qim.agents.writer_options import WriterOptions
+    from qim.agents.writer.history_replay import replay_history_partition
+    from qim.agents.writer.options import WriterOptions
     from qim.apps.base import ROCKSDB_OPTIONS
     from qim.params import Settings
 
@@ -212,8 +212,8 @@ def replay_projections_cmd(shard: int | None, all_shards: bool, datadir: Path, a
     conversation state, and compare with what the MailboxNode keeps; exit 1 on a difference."""
     import os
 
-    from qim.agents.mailbox_options import MailboxOptions
-    from qim.agents.projection_replay import replay_projections
+    from qim.agents.mailbox.options import MailboxOptions
+    from qim.agents.mailbox.projection_replay import replay_projections
     from qim.apps.base import ROCKSDB_OPTIONS
     from qim.params import Settings
 

@@ -22,7 +22,7 @@ from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
 from qim.gateway.node import ConnectionNode, wall_clock_ms
 from qim.gateway.ports import Authenticator, Ownership, PresenceSink
-from qim.gateway.tls import ALPN_QIM
+from qim.gateway.transport.tls import ALPN_QIM
 from qim.params import Settings
 from qim.schemas.frames import (
     Auth,

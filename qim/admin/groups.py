@@ -28,7 +28,11 @@ import msgspec
 
 from qim.admin.replies import AdminReplyWaiter
 from qim.core.conversation.ids import group_conversation_id
-from qim.gateway.forwarder import RequestProducer, check_partition_count, kafka_request_producer
+from qim.gateway.routing.forwarder import (
+    RequestProducer,
+    check_partition_count,
+    kafka_request_producer,
+)
 from qim.schemas.frames import Error, for_code
 from qim.schemas.hashing import validate_identifier
 from qim.schemas.records.requests import (

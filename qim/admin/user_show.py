@@ -27,7 +27,7 @@ import click
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from redis.asyncio import Redis
 
-from qim.agents.mailbox_presence import read_partition, snapshot_of
+from qim.agents.mailbox.presence import read_partition, snapshot_of
 from qim.auth.keys import device_revocation_key, epoch_key
 from qim.params import Settings
 from qim.schemas.records.presence import PresenceEntry

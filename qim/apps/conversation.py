@@ -1,11 +1,11 @@
 """The conversation app: ConversationWriter, GroupMembership, HistoryArchiver.
 
 Run with `faust -A qim.apps.conversation worker`. The ConversationWriter is a service of this
-app (``qim.agents.conversation_writer``): its own consumer group ``qim-conversation-writers``
+app (``qim.agents.writer.conversation_writer``): its own consumer group ``qim-conversation-writers``
 on ``qim.conversation-requests``, one transactional producer per owned partition, and the
 MessageStore (RocksDB per partition) under the worker's ``--datadir``. GroupMembership and the
 HistoryArchiver run inside it, on the same outbox records. The FanoutCoordinator is a second
-service (``qim.agents.fanout_coordinator``, consumer group ``qim-fanout`` on ``qim.outbox``,
+service (``qim.agents.fanout.coordinator``, consumer group ``qim-fanout`` on ``qim.outbox``,
 read_committed) turning each committed record into one GroupDispatch per target MailboxShard.
 
 Pages: ``/writer`` shows which partitions this worker owns and serves, ``/fanout`` the
@@ -22,10 +22,10 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from qim.agents.conversation_writer import ConversationWriterService
-from qim.agents.fanout_coordinator import FanoutCoordinatorService
-from qim.agents.fanout_options import FanoutOptions
-from qim.agents.writer_options import WriterOptions
+from qim.agents.fanout.coordinator import FanoutCoordinatorService
+from qim.agents.fanout.options import FanoutOptions
+from qim.agents.writer.conversation_writer import ConversationWriterService
+from qim.agents.writer.options import WriterOptions
 from qim.apps.base import (
     ROCKSDB_OPTIONS,
     RunningService,

@@ -1,7 +1,7 @@
 """The mailbox app: MailboxNode (SessionProjection and badges arrive later).
 
 Run with `faust -A qim.apps.mailbox worker`. The MailboxNode is a service of this app
-(``qim.agents.mailbox_node``): its own consumer group ``qim-mailbox-nodes`` on ``qim.dispatch``
+(``qim.agents.mailbox.node``): its own consumer group ``qim-mailbox-nodes`` on ``qim.dispatch``
 and ``qim.user-requests``, one RocksDB per owned MailboxShard under the worker's ``--datadir``
 (``<datadir>/mailbox/shard-<n>``), replies on ``qim.to-gateway``.
 
@@ -21,9 +21,9 @@ from typing import Any
 
 from faust.web import Request, Response, View
 
-from qim.agents.mailbox_node import MailboxNodeService
-from qim.agents.mailbox_options import MailboxOptions
-from qim.agents.mailbox_user import user_view
+from qim.agents.mailbox.node import MailboxNodeService
+from qim.agents.mailbox.options import MailboxOptions
+from qim.agents.mailbox.user import user_view
 from qim.apps.base import (
     ROCKSDB_OPTIONS,
     RunningService,

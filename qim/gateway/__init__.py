@@ -26,13 +26,9 @@ from qim.gateway.actions import Action, Authenticate, Close, CloseReason, Count,
 from qim.gateway.admission import ConnectAdmission, Refusal
 from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
-from qim.gateway.connection import Connection, Transport
 from qim.gateway.devices import Admission, DeviceRegistry, Kick
-from qim.gateway.forwarder import RequestForwarder, RequestProducer
-from qim.gateway.mailbox_requests import MailboxRequests
 from qim.gateway.metrics import GatewayMetrics
 from qim.gateway.node import ConnectionNode
-from qim.gateway.outbound import OutboundQueue
 from qim.gateway.ports import (
     Authenticator,
     AuthGrant,
@@ -45,12 +41,16 @@ from qim.gateway.ports import (
     RouteToken,
 )
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
-from qim.gateway.replies import ReplyVerdict, resolve_reply
-from qim.gateway.router import ConversationRouter, ReplySource
-from qim.gateway.routing import Routed, route_frame
+from qim.gateway.routing.forwarder import RequestForwarder, RequestProducer
+from qim.gateway.routing.mailbox_requests import MailboxRequests
+from qim.gateway.routing.replies import ReplyVerdict, resolve_reply
+from qim.gateway.routing.router import ConversationRouter, ReplySource
+from qim.gateway.routing.rules import Routed, route_frame
 from qim.gateway.session import Session, SessionConfig
 from qim.gateway.states import TRANSITIONS, ConnState, Event, IllegalTransition
 from qim.gateway.sync_barrier import LoginBarrier
+from qim.gateway.transport.connection import Connection, Transport
+from qim.gateway.transport.outbound import OutboundQueue
 from qim.gateway.wheel import TimingWheel
 from qim.schemas.records.presence import (
     PresenceEntry,

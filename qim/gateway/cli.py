@@ -3,8 +3,9 @@
 Authentication is the Redis-backed AuthService (``--redis-url`` / ``QIM_REDIS_URL``);
 ``--dev-auth`` swaps in the in-process MemoryAuthenticator for experiments. With a Kafka
 bootstrap the node publishes presence, takes ConnectionShards through the gateways' consumer
-group (``qim.gateway.ownership``), forwards conversation requests to the ConversationWriter and
-delivers its replies (``qim.gateway.router``); without one it owns every shard, publishes
+group (``qim.gateway.ownership.shards``), forwards conversation requests to the ConversationWriter
+and delivers its replies (``qim.gateway.routing.router``); without one it owns every shard,
+publishes
 nothing and drops business frames.
 """
 
@@ -56,7 +57,7 @@ async def serve_gateway(
     ownership: Ownership = OwnAll(config.advertised_endpoint)
     membership = None
     if config.kafka_bootstrap and group_id:
-        from qim.gateway.ownership import ShardOwnership
+        from qim.gateway.ownership.shards import ShardOwnership
 
         def revoked(shards: set[int]) -> None:
             if node is not None:

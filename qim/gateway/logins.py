@@ -53,7 +53,7 @@ from qim.schemas.records.user_requests import AuthSyncResult
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig
-    from qim.gateway.connection import Connection
+    from qim.gateway.transport.connection import Connection
 
 __all__ = ["LoginFlow", "jittered"]
 

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from qim.gateway.push_metrics import PushMetrics, SendQueue
+from qim.gateway.push.metrics import PushMetrics, SendQueue
 from qim.gateway.windows import WindowedCounter, WindowedQuantile
 
 __all__ = ["GatewayMetrics"]

@@ -22,21 +22,21 @@ from itertools import count
 from qim.core.push import BudgetDecision, FlowState
 from qim.gateway.actions import Authenticate, CloseReason, Count
 from qim.gateway.admission import ConnectAdmission, Refusal
-from qim.gateway.budget import NodeSendBudget, available_memory_bytes
 from qim.gateway.config import GatewayConfig
-from qim.gateway.connection import Connection, Transport
-from qim.gateway.delta_merge import SessionFrameMerge
 from qim.gateway.devices import DeviceRegistry
-from qim.gateway.forwarder import RequestProducer
-from qim.gateway.listeners import Listeners
 from qim.gateway.logins import LoginFlow, jittered
 from qim.gateway.metrics import GatewayMetrics
 from qim.gateway.ports import Authenticator, OwnAll, Ownership, PresenceSink
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
-from qim.gateway.push_metrics import SendQueue
-from qim.gateway.router import ConversationRouter, ReplySource, build_router
+from qim.gateway.push.delta_merge import SessionFrameMerge
+from qim.gateway.push.metrics import SendQueue
+from qim.gateway.routing.forwarder import RequestProducer
+from qim.gateway.routing.router import ConversationRouter, ReplySource, build_router
 from qim.gateway.session import Session
 from qim.gateway.states import ConnState
+from qim.gateway.transport.budget import NodeSendBudget, available_memory_bytes
+from qim.gateway.transport.connection import Connection, Transport
+from qim.gateway.transport.listeners import Listeners
 from qim.gateway.wheel import TimingWheel
 from qim.schemas.frames import Error, ErrorCode, Frame
 from qim.schemas.records.presence import PresenceKey

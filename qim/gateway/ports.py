@@ -2,8 +2,9 @@
 
 Each seam is a Protocol so the node never imports a concrete service at module import time:
 ``qim.auth.AuthService`` is wrapped by :mod:`qim.gateway.auth_adapter`, Kafka group ownership
-lives in ``qim.gateway.ownership``, the presence writer in :mod:`qim.gateway.presence_writer`,
-and the MailboxNode's login answer in :mod:`qim.gateway.mailbox_requests`.
+lives in ``qim.gateway.ownership.shards``, the presence writer in
+:mod:`qim.gateway.presence_writer`, and the MailboxNode's login answer in
+:mod:`qim.gateway.routing.mailbox_requests`.
 Tests plug in-memory doubles into the same seams (style.md item 5).
 """
 

@@ -21,8 +21,8 @@ from prometheus_client import Counter
 from qim.gateway.actions import Send
 from qim.gateway.conversation_state import refused, state_fields
 from qim.gateway.devices import DeviceRegistry
-from qim.gateway.forwarder import RequestForwarder
-from qim.gateway.replies import ReplyVerdict
+from qim.gateway.routing.forwarder import RequestForwarder
+from qim.gateway.routing.replies import ReplyVerdict
 from qim.schemas.frames import Frame
 from qim.schemas.frames.control import ConversationState, MarkRead
 from qim.schemas.frames.history import PullSessionList
@@ -36,7 +36,7 @@ from qim.schemas.records.user_requests import (
 )
 
 if TYPE_CHECKING:
-    from qim.gateway.connection import Connection
+    from qim.gateway.transport.connection import Connection
 
 __all__ = ["LIST_CORRELATION", "SessionListRequests", "UserRecord"]
 
@@ -72,7 +72,7 @@ class UserRecord:
 
 
 class SessionListRequests:
-    """Mixin of :class:`~qim.gateway.mailbox_requests.MailboxRequests` (its forwarder,
+    """Mixin of :class:`~qim.gateway.routing.mailbox_requests.MailboxRequests` (its forwarder,
     registry, topic and request counter)."""
 
     topic: str

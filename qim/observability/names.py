@@ -190,7 +190,7 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
     ),
     _m("cursor_invalid_total", "24.1.5", "mailbox"),
     # 24.1.6 Online push
-    # (the ConnectionNode, qim/gateway/push_metrics.py)
+    # (the ConnectionNode, qim/gateway/push/metrics.py)
     _m(
         "push_latency_p99",
         "24.1.6",

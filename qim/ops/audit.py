@@ -42,7 +42,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
-from qim.agents.fanout_options import GROUP_ID as FANOUT_GROUP
+from qim.agents.fanout.options import GROUP_ID as FANOUT_GROUP
 from qim.core.audit import AuditFinding, DispatchAudit, audit_dispatch
 from qim.core.fanout import FanoutConfig
 from qim.core.mailbox import MailboxConfig

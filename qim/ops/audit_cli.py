@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from qim.agents.writer_options import tenant_settings
+from qim.agents.writer.options import tenant_settings
 from qim.core.audit import DispatchAudit
 from qim.core.fanout import FanoutConfig
 from qim.core.mailbox import FIRST_SHARD_EPOCH, MailboxConfig

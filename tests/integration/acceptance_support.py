@@ -11,7 +11,7 @@ import msgspec
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.structs import OffsetAndMetadata
 
-from qim.agents.mailbox_options import GROUP_ID
+from qim.agents.mailbox.options import GROUP_ID
 from qim.schemas.records.user_requests import (
     MailboxReply,
     PullMailboxRequest,

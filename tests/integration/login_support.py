@@ -20,7 +20,7 @@ from qim.client import HeartbeatConfig, QimClient
 from qim.client.dial import open_transport
 from qim.client.transport import Transport
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership import ShardOwnership
+from qim.gateway.ownership.shards import ShardOwnership
 from qim.schemas.frames import EventType, Frame, FrameDecoder, Role, SyncEntry, UnknownFrame
 from tests.gateway_support import Gateway, running_gateway
 from tests.integration.mailbox_support import Client as MailboxProbe

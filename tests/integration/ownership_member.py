@@ -15,8 +15,8 @@ import asyncio
 import json
 import sys
 
-from qim.gateway.ownership import ShardOwnership
-from qim.gateway.ownership_assignor import to_ranges
+from qim.gateway.ownership.assignor import to_ranges
+from qim.gateway.ownership.shards import ShardOwnership
 
 
 def emit(doc: dict[str, object]) -> None:

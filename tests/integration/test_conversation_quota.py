@@ -27,7 +27,7 @@ import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from qim.admin.client import AdminHttpError
-from qim.agents.mailbox_quota import QUOTA_CRASH_ENV
+from qim.agents.mailbox.quota import QUOTA_CRASH_ENV
 from qim.client import QimClient, QimError
 from qim.core.mailbox.quota import latest_published
 from qim.devstack.stack import Stack

@@ -25,9 +25,9 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import GroupCoordinatorNotAvailableError
 
-from qim.agents.fanout_coordinator import FanoutCoordinatorService
-from qim.agents.fanout_options import FanoutOptions
-from qim.agents.writer_snapshot import checkpoint_records
+from qim.agents.fanout.coordinator import FanoutCoordinatorService
+from qim.agents.fanout.options import FanoutOptions
+from qim.agents.writer.snapshot import checkpoint_records
 from qim.core.fanout import FanoutConfig, FindingKind, audit_fanout
 from qim.devstack.stack import Stack, wait_topics_visible
 from qim.schemas.records import (

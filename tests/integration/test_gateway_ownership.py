@@ -19,8 +19,8 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from qim.devstack.stack import Stack
-from qim.gateway.ownership import ShardOwnership, ShardRecord
-from qim.gateway.ownership_assignor import from_ranges
+from qim.gateway.ownership.assignor import from_ranges
+from qim.gateway.ownership.shards import ShardOwnership, ShardRecord
 from qim.streams import TO_GATEWAY
 
 pytestmark = pytest.mark.integration

@@ -25,7 +25,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from qim.client import HeartbeatConfig, Identity, QimClient, QimError
 from qim.core.conversation.ids import direct_conversation_id
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership import ShardOwnership
+from qim.gateway.ownership.shards import ShardOwnership
 from qim.params import Settings
 from qim.schemas.frames import Error, ErrorCode, HistoryBatch, MemberListBatch, SendAck
 from qim.schemas.records.requests import (

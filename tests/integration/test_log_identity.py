@@ -12,9 +12,9 @@ import pytest
 from aiokafka import AIOKafkaProducer
 from aiokafka.admin import AIOKafkaAdminClient
 
-from qim.agents.writer_partition import PartitionWriter
-from qim.agents.writer_restore import RestoreResult, restore_partition
-from qim.agents.writer_snapshot import Checkpoint, checkpoint_records
+from qim.agents.writer.partition import PartitionWriter
+from qim.agents.writer.restore import RestoreResult, restore_partition
+from qim.agents.writer.snapshot import Checkpoint, checkpoint_records
 from qim.devstack.stack import Stack
 from qim.schemas.log_identity import LogIdentity, LogIdentityMismatch, identity_mismatch
 from qim.streams.identity import fetch_log_identities, fetch_log_identity

@@ -17,7 +17,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from qim.agents.mailbox_shard import encode_floor
+from qim.agents.mailbox.shard import encode_floor
 from qim.core.fanout import FanoutState
 from qim.core.membership import bitmap_from_bytes
 from qim.devstack.stack import Stack

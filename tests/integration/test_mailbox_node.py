@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from qim.agents.mailbox_options import MailboxOptions
-from qim.agents.mailbox_replay import replay_worker_shard
+from qim.agents.mailbox.options import MailboxOptions
+from qim.agents.mailbox.replay import replay_worker_shard
 from qim.devstack.stack import Stack
 from qim.params import Settings
 from qim.schemas import compose_mailbox_seq

@@ -18,8 +18,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from qim.agents.mailbox_options import MailboxOptions
-from qim.agents.mailbox_replay import replay_worker_shard
+from qim.agents.mailbox.options import MailboxOptions
+from qim.agents.mailbox.replay import replay_worker_shard
 from qim.core.mailbox.sessions import drop_ops, load_projection, rebuild_ops
 from qim.core.mailbox.user_state import USER_STATE_CUSTOM_TYPE
 from qim.devstack.stack import Stack

@@ -36,7 +36,7 @@ from websockets.asyncio.client import connect as ws_connect
 from qim.client import HeartbeatConfig, Identity, QimClient, QimError
 from qim.client.transport import Transport
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership import ShardOwnership
+from qim.gateway.ownership.shards import ShardOwnership
 from qim.params import Settings
 from qim.schemas.frames import ErrorCode, Ping, encode_frame
 from tests.gateway_support import Gateway, running_gateway

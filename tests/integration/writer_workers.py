@@ -19,10 +19,10 @@ from typing import Any
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 
-from qim.agents.writer_options import WriterOptions
-from qim.agents.writer_requests import RequestContext
-from qim.agents.writer_restore import restore_partition
-from qim.agents.writer_txn import CrashHook, OwnedPartition, Topics
+from qim.agents.writer.options import WriterOptions
+from qim.agents.writer.requests import RequestContext
+from qim.agents.writer.restore import restore_partition
+from qim.agents.writer.txn import CrashHook, OwnedPartition, Topics
 from qim.devstack import procs
 from qim.devstack.stack import Stack, wait_topics_visible
 from qim.params import Settings

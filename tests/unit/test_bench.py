@@ -205,7 +205,7 @@ def test_report_writes_json_and_a_markdown_table(tmp_path: Path) -> None:
 def test_a_speedscope_profile_is_summarized_by_self_and_inclusive_time(tmp_path: Path) -> None:
     frames = [
         {"name": "select", "file": "/usr/lib/python3.11/selectors.py", "line": 468},
-        {"name": "_serve", "file": "/work/main/qim/agents/mailbox_node.py", "line": 186},
+        {"name": "_serve", "file": "/work/main/qim/agents/mailbox/node.py", "line": 186},
         {"name": "materialize", "file": "/work/main/qim/core/mailbox/materialize.py", "line": 95},
     ]
     samples = [[0], [1, 2], [1, 2], [1]]
@@ -219,7 +219,7 @@ def test_a_speedscope_profile_is_summarized_by_self_and_inclusive_time(tmp_path:
     assert summary.total == 4.0
     assert summary.self_time[0] == ("materialize (qim/core/mailbox/materialize.py:95)", 0.5)
     assert dict(summary.inclusive) == {
-        "_serve (qim/agents/mailbox_node.py:186)": 0.75,
+        "_serve (qim/agents/mailbox/node.py:186)": 0.75,
         "materialize (qim/core/mailbox/materialize.py:95)": 0.5,
     }  # select is not a qim frame
     assert summary.lines()[0] == "total sampled: 4.0 s"

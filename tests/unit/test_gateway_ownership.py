@@ -17,13 +17,7 @@ from aiokafka.coordinator.protocol import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qim.gateway.ownership import (
-    ASSIGNOR_NAME,
-    AssignorBinding,
-    ShardOwnership,
-    bound_assignor,
-)
-from qim.gateway.ownership_assignor import (
+from qim.gateway.ownership.assignor import (
     EMPTY_CLAIM,
     Endpoints,
     Lease,
@@ -37,6 +31,12 @@ from qim.gateway.ownership_assignor import (
     from_ranges,
     next_seq,
     to_ranges,
+)
+from qim.gateway.ownership.shards import (
+    ASSIGNOR_NAME,
+    AssignorBinding,
+    ShardOwnership,
+    bound_assignor,
 )
 
 N = 256

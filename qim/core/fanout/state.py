@@ -10,7 +10,7 @@ same records, byte for byte (spec 6.7 I-5, 10.4.2).
   FanoutCoordinator consumes the same outbox as the ConversationWriter and rebuilds membership
   from it -- to learn each version's target shards. Member slices are NOT produced here: the
   ConversationWriter publishes them in the same Kafka transaction as the outbox record
-  (``qim.core.membership`` docs, ``qim.agents.writer_txn``), and this consumer reads the outbox
+  (``qim.core.membership`` docs, ``qim.agents.writer.txn``), and this consumer reads the outbox
   read_committed, so a version's slices are already in every dispatch partition before any
   dispatch pinned to it is produced (direction 4.3); producing them twice would only double the
   slice traffic. The CONTROL message of an add/remove/ban/leave is then dispatched

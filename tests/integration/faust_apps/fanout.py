@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import os
 
-from qim.agents.fanout_coordinator import register
-from qim.agents.fanout_options import FanoutOptions
+from qim.agents.fanout.coordinator import register
+from qim.agents.fanout.options import FanoutOptions
 from qim.apps.base import kafka_bootstrap, make_app
 from qim.core.fanout import FanoutConfig
 

@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qim.agents.writer_partition import PartitionWriter, Plan
-from qim.agents.writer_requests import RequestContext, handle_request
-from qim.agents.writer_snapshot import Checkpoint
-from qim.agents.writer_txn import CrashHook, OwnedPartition, Topics
+from qim.agents.writer.partition import PartitionWriter, Plan
+from qim.agents.writer.requests import RequestContext, handle_request
+from qim.agents.writer.snapshot import Checkpoint
+from qim.agents.writer.txn import CrashHook, OwnedPartition, Topics
 from qim.core.conversation import WriterConfig, direct_conversation_id
 from qim.params import Settings
 from qim.schemas.frames import CreateGroup, LeaveGroup, PullHistory, PullMembers, SendMessage

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from qim.agents.mailbox_sessions import SessionSnapshots, command_of, user_state_commands
+from qim.agents.mailbox.sessions import SessionSnapshots, command_of, user_state_commands
 from qim.core.mailbox import commit, materialize
 from qim.core.mailbox.user_state import change_of
 from qim.core.session_list import (

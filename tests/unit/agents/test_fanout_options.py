@@ -10,8 +10,8 @@ from __future__ import annotations
 import faust
 import pytest
 
-from qim.agents.fanout_coordinator import FanoutCoordinatorService, register
-from qim.agents.fanout_options import GROUP_ID, FanoutOptions
+from qim.agents.fanout.coordinator import FanoutCoordinatorService, register
+from qim.agents.fanout.options import GROUP_ID, FanoutOptions
 from qim.core.fanout import FanoutConfig
 from qim.params import Settings
 from qim.streams.topics import DISPATCH, OUTBOX, WRITER_SNAPSHOTS

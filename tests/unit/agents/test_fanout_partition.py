@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from qim.agents.fanout_partition import PartitionFanout
+from qim.agents.fanout.partition import PartitionFanout
 from qim.core.fanout import FanoutConfig, FanoutState, NotReadyReason
 from qim.schemas.records import (
     DispatchLogRecord,

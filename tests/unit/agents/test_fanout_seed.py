@@ -8,8 +8,8 @@ below the committed offset.
 
 from __future__ import annotations
 
-from qim.agents.fanout_seed import complete_checkpoints, seed_state
-from qim.agents.writer_snapshot import CHECKPOINT_FORMAT, Checkpoint, checkpoint_records
+from qim.agents.fanout.seed import complete_checkpoints, seed_state
+from qim.agents.writer.snapshot import CHECKPOINT_FORMAT, Checkpoint, checkpoint_records
 from qim.core.conversation import ConversationWriterState, WriterConfig
 from qim.core.fanout import FanoutConfig, FanoutState, NotReady
 from qim.core.membership import GroupMembership

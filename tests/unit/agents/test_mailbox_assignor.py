@@ -10,7 +10,7 @@ from typing import Any
 
 from aiokafka.coordinator.protocol import ConsumerProtocolMemberMetadata
 
-from qim.agents.mailbox_assignor import ShardAssignor, deal_shards
+from qim.agents.mailbox.assignor import ShardAssignor, deal_shards
 
 
 class Cluster:

@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from qim.agents.mailbox_takeover import IDENTITY_KEY, bind_identity
+from qim.agents.mailbox.takeover import IDENTITY_KEY, bind_identity
 from qim.schemas.log_identity import LogIdentity, LogIdentityMismatch
 from qim.tables.mailbox_store import MailboxStore
 

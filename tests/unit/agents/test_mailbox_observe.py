@@ -13,7 +13,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
-from qim.agents.mailbox_observe import AdvanceP99, LaneAdvanceClock, ReadStats, StorageProbe
+from qim.agents.mailbox.observe import AdvanceP99, LaneAdvanceClock, ReadStats, StorageProbe
 from qim.core.mailbox import MemoryMailboxStore
 from qim.core.mailbox.keys import body_key, count_key, user_entry_prefix
 from qim.tables.mailbox_store import MailboxStore

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from qim.agents.mailbox_options import (
+from qim.agents.mailbox.options import (
     KAFKA_RECORD_BUDGET,
     CrashHook,
     MailboxOptions,

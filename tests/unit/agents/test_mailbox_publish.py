@@ -14,10 +14,10 @@ from typing import Any
 from aiokafka import TopicPartition
 from prometheus_client import CollectorRegistry
 
-from qim.agents.mailbox_metrics import MailboxMetrics
-from qim.agents.mailbox_publish import plan_commit, replies_for
-from qim.agents.mailbox_reads import ReadContext
-from qim.agents.mailbox_shard import OwnedShard, decode_floor
+from qim.agents.mailbox.metrics import MailboxMetrics
+from qim.agents.mailbox.publish import plan_commit, replies_for
+from qim.agents.mailbox.reads import ReadContext
+from qim.agents.mailbox.shard import OwnedShard, decode_floor
 from qim.core.mailbox import MemoryMailboxStore
 from qim.core.sync import CursorKey, CursorKeyRing, PullLimits
 from qim.schemas.frames import PullMailbox

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from qim.agents.mailbox_presence import NodePresence, snapshot_of, stale_reports
-from qim.agents.mailbox_push import PushOutcome, plan_batch_pushes, send_pushes
-from qim.agents.mailbox_shard import OwnedShard
+from qim.agents.mailbox.presence import NodePresence, snapshot_of, stale_reports
+from qim.agents.mailbox.push import PushOutcome, plan_batch_pushes, send_pushes
+from qim.agents.mailbox.shard import OwnedShard
 from qim.core.mailbox import MemoryMailboxStore
 from qim.core.push import ShardPresenceCache
 from qim.schemas.records.dispatch import DispatchLogRecord

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 
-from qim.agents import mailbox_reads
-from qim.agents.mailbox_reads import ReadContext, answer
-from qim.agents.mailbox_shard import OwnedShard
+from qim.agents.mailbox import reads as mailbox_reads
+from qim.agents.mailbox.reads import ReadContext, answer
+from qim.agents.mailbox.shard import OwnedShard
 from qim.core.mailbox import DAY_MS, MemoryMailboxStore
 from qim.core.sync import CursorKey, CursorKeyRing, PullLimits, verify_cursor
 from qim.schemas import lane_id

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qim.agents.mailbox_sessions import (
+from qim.agents.mailbox.sessions import (
     ReadMerge,
     SessionSnapshots,
     command_of,

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from qim.agents.mailbox_reads import ReadContext, answer
-from qim.agents.mailbox_shard import OwnedShard, decode_floor, decode_run, encode_floor
+from qim.agents.mailbox.reads import ReadContext, answer
+from qim.agents.mailbox.shard import OwnedShard, decode_floor, decode_run, encode_floor
 from qim.core.mailbox import MailboxConfig, MemoryMailboxStore
 from qim.core.sync import CursorKey, CursorKeyRing, PullLimits
 from qim.schemas import lane_id

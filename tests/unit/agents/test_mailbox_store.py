@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qim.agents.mailbox_shard import ShardStore
+from qim.agents.mailbox.shard import ShardStore
 from qim.core.mailbox import MemoryMailboxStore, materialize, store_digest
 from qim.schemas.records.dispatch import DispatchLogRecord
 from qim.tables.mailbox_store import MailboxStore

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
-from qim.agents.writer_lease import HeartbeatLease
+from qim.agents.writer.lease import HeartbeatLease
 
 
 class Clock:

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 import pytest
 from aiokafka import TopicPartition
 
-from qim.agents.user_quota import UserQuotaFollower
-from qim.agents.writer_partition import PartitionWriter, Plan
-from qim.agents.writer_requests import handle_request
+from qim.agents.writer.partition import PartitionWriter, Plan
+from qim.agents.writer.requests import handle_request
+from qim.agents.writer.user_quota import UserQuotaFollower
 from qim.core.conversation import direct_conversation_id
 from qim.core.conversation.quota import QUOTA_EXHAUSTED, UserKey
 from qim.schemas.frames.errors import ErrorCode

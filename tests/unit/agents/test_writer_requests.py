@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from qim.agents.writer_partition import Plan
-from qim.agents.writer_requests import handle_request
+from qim.agents.writer.partition import Plan
+from qim.agents.writer.requests import handle_request
 from qim.core.membership import audit_slices
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.records import MembershipCommitted, MessageCommitted, WriterReply

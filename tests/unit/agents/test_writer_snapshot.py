@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from qim.agents.writer_snapshot import (
+from qim.agents.writer.snapshot import (
     CHECKPOINT_FORMAT,
     Checkpoint,
     checkpoint_records,

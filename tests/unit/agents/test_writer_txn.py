@@ -13,8 +13,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from qim.agents.writer_snapshot import latest_checkpoint
-from qim.agents.writer_txn import CrashHook
+from qim.agents.writer.snapshot import latest_checkpoint
+from qim.agents.writer.txn import CrashHook
 from qim.schemas.records import ConversationRequest, decode_outbox_record, decode_writer_reply
 from tests.unit.agents.support import (
     TOPICS,

@@ -3,7 +3,7 @@
 :class:`Outbox` plays the ConversationWriter: it keeps its own ``GroupMembership`` (as the
 writer does), allocates the CONTROL message's seq only when a membership operation returns a
 record, pins the current version into every group message, and publishes each new version's
-member slices (``slices``, as ``qim.agents.writer_partition`` does). Its ``log`` is the outbox;
+member slices (``slices``, as ``qim.agents.writer.partition`` does). Its ``log`` is the outbox;
 :func:`pipeline` interleaves both producers into the dispatch log.
 
 :class:`IntervalModel` is the reference the end-to-end tests compare against. It never touches

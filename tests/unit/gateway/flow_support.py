@@ -18,9 +18,9 @@ import msgspec
 from qim.core.push import EntryFragment, FlowLimits, PendingPush
 from qim.core.push.wire import personal_fragment
 from qim.gateway.actions import Authenticate, CloseReason, Count
-from qim.gateway.budget import NodeSendBudget
-from qim.gateway.connection import Connection
 from qim.gateway.session import SessionConfig
+from qim.gateway.transport.budget import NodeSendBudget
+from qim.gateway.transport.connection import Connection
 from qim.params.values import Watermark
 from qim.schemas.frames import Body, Frame, FrameDecoder, Role
 from qim.schemas.records.push import FramePriority, PushBody, PushRecipient

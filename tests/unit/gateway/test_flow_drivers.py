@@ -12,7 +12,7 @@ import asyncio
 from pathlib import Path
 
 from qim.core.push import FlowState
-from qim.gateway.connection import Connection
+from qim.gateway.transport.connection import Connection
 from qim.params import Settings
 from qim.schemas.frames import Error, ErrorCode, Frame, PushEvents
 from tests.gateway_support import Closed, Gateway, RawClient, make_cert, running_gateway

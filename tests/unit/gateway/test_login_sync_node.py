@@ -25,7 +25,7 @@ from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
 from qim.gateway.node import ConnectionNode
 from qim.gateway.presence_writer import MemoryPresence
-from qim.gateway.replies import ReplyVerdict
+from qim.gateway.routing.replies import ReplyVerdict
 from qim.schemas.frames import (
     AuthOk,
     Error,

@@ -10,7 +10,7 @@ attribute never counts.
 from __future__ import annotations
 
 from qim.gateway.actions import Authenticate, CloseReason, Count, Forward, Send
-from qim.gateway.mailbox_requests import pull_after_seq, pull_correlation
+from qim.gateway.routing.mailbox_requests import pull_after_seq, pull_correlation
 from qim.gateway.session import Session
 from qim.gateway.sync_barrier import LoginBarrier
 from qim.schemas.frames import (

@@ -30,7 +30,7 @@ from qim.gateway.config import GatewayConfig
 from qim.gateway.node import ConnectionNode, wall_clock_ms
 from qim.gateway.ports import Ownership
 from qim.gateway.presence_writer import MemoryPresence
-from qim.gateway.router import ConversationRouter
+from qim.gateway.routing.router import ConversationRouter
 from qim.params import Settings
 from qim.schemas.frames import Error, MailboxBatch, SyncEntry
 from qim.schemas.records.user_requests import (

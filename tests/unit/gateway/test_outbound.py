@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from qim.gateway.outbound import OutboundQueue
+from qim.gateway.transport.outbound import OutboundQueue
 from qim.schemas.frames import (
     HEADER_SIZE,
     Frame,

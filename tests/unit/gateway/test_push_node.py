@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import msgspec
 
-from qim.gateway.replies import ReplyVerdict
+from qim.gateway.routing.replies import ReplyVerdict
 from qim.schemas.frames import AuthOk, OnlineReady, PushEvents, SyncComplete
 from qim.schemas.records.push import (
     STALE_EPOCH_MISMATCH,

@@ -14,11 +14,11 @@ import msgspec
 from prometheus_client import CollectorRegistry, generate_latest
 
 from qim.core.push import FlowState
-from qim.gateway.budget import NodeSendBudget
-from qim.gateway.outbound import OutboundQueue, PushTag
-from qim.gateway.push_delivery import deliver_push_batch
-from qim.gateway.push_metrics import PushMetrics
-from qim.gateway.sendbuf import InFlight, push_pieces
+from qim.gateway.push.delivery import deliver_push_batch
+from qim.gateway.push.metrics import PushMetrics
+from qim.gateway.transport.budget import NodeSendBudget
+from qim.gateway.transport.outbound import OutboundQueue, PushTag
+from qim.gateway.transport.sendbuf import InFlight, push_pieces
 from qim.schemas.frames import (
     Frame,
     FrameDecoder,

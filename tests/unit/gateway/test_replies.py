@@ -1,4 +1,4 @@
-"""to-gateway records -> the connection they are for (qim.gateway.replies), pure.
+"""to-gateway records -> the connection they are for (qim.gateway.routing.replies), pure.
 
 Invariants: a reply reaches only the live connection of (tenant, user, device) whose
 session_epoch equals the reply's (§15.2.2); any other record - another kind on the topic
@@ -12,7 +12,7 @@ import pytest
 
 from qim.gateway.actions import Send
 from qim.gateway.devices import DeviceRegistry
-from qim.gateway.replies import ReplyVerdict, record_kind, reply_send, resolve_reply
+from qim.gateway.routing.replies import ReplyVerdict, record_kind, reply_send, resolve_reply
 from qim.schemas.frames import Error, ErrorCode, MemberListBatch, SendAck
 from qim.schemas.records.requests import WriterReply, encode_record
 

@@ -17,11 +17,11 @@ from typing import Any
 
 from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
-from qim.gateway.connection import Connection
 from qim.gateway.node import ConnectionNode, wall_clock_ms
 from qim.gateway.presence_writer import MemoryPresence
-from qim.gateway.replies import ReplyVerdict
-from qim.gateway.router import ConversationRouter
+from qim.gateway.routing.replies import ReplyVerdict
+from qim.gateway.routing.router import ConversationRouter
+from qim.gateway.transport.connection import Connection
 from qim.params import Settings
 from qim.schemas.frames import (
     Auth,

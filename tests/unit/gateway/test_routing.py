@@ -1,4 +1,4 @@
-"""Frames -> conversation-request envelopes (qim.gateway.routing), pure.
+"""Frames -> conversation-request envelopes (qim.gateway.routing.rules), pure.
 
 Invariants: identity always comes from the authenticated session, never the frame (§20.1); the
 partition is ``conversation_partition(tenant, conversation, count)`` (direction.md §3); a
@@ -12,7 +12,7 @@ import pytest
 
 from qim.core.conversation.ids import direct_conversation_id
 from qim.gateway.ports import AuthGrant
-from qim.gateway.routing import Routed, denied, route_frame
+from qim.gateway.routing.rules import Routed, denied, route_frame
 from qim.schemas.frames import (
     Body,
     CreateGroup,

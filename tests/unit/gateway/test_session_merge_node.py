@@ -10,7 +10,7 @@
 
 from __future__ import annotations
 
-from qim.gateway.replies import ReplyVerdict
+from qim.gateway.routing.replies import ReplyVerdict
 from qim.schemas.frames import AuthOk, Kicked
 from qim.schemas.frames.control import ReadSync
 from qim.schemas.frames.history import BadgeUpdate, SessionDelta

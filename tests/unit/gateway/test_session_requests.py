@@ -9,7 +9,7 @@
 
 from __future__ import annotations
 
-from qim.gateway.replies import ReplyVerdict
+from qim.gateway.routing.replies import ReplyVerdict
 from qim.gateway.session_requests import LIST_CORRELATION
 from qim.schemas.frames import AuthOk, Error, ErrorCode
 from qim.schemas.frames.control import MarkRead, ReadSync

@@ -19,8 +19,8 @@ from qim.client import HeartbeatConfig, QimClient, QimError
 from qim.gateway.actions import Send
 from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
-from qim.gateway.connection import Connection
 from qim.gateway.node import ConnectionNode, wall_clock_ms
+from qim.gateway.transport.connection import Connection
 from qim.params import Settings
 from qim.schemas.frames import (
     AuthOk,

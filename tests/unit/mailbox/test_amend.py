@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import msgspec
 
-from qim.agents.mailbox_push import plan_batch_pushes
+from qim.agents.mailbox.push import plan_batch_pushes
 from qim.client.sessions import SessionList
 from qim.core.mailbox import (
     MemoryMailboxStore,

@@ -1,0 +1,94 @@
+"""Metrics of the ConversationWriter (spec 24.1.2), on the conversation app's registry.
+
+Spec names: ``conversation_seq_alloc_seconds`` is the histogram behind
+``conversation_seq_alloc_p99`` -- the time to decide one SEND_MESSAGE (dedup, membership,
+``conversation_seq`` and ``last_activity_id`` allocation, the append to the partition state),
+which is the writer's critical section; ``clock_unsafe_total`` counts sends refused because the
+HLC went back more than ``clock_regression_reject_ms`` (always 0). ``send_to_ack_latency`` and
+``send_reject_total`` are the gateway's (every outcome passes there).
+
+Ours, prefixed ``qim_writer_``: transactions, outbox records, transaction time, and the
+service's counters and partition states read at scrape time; and
+``qim_writer_quota_refused_total{tenant,dimension}``, the limit refusals 20.4.1 rule 3 asks to
+export per (tenant, dimension) (the spec names no metric; ``dimension`` is the parameter,
+``max_conversations_per_user`` for now).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+__all__ = ["WriterMetrics"]
+
+_ALLOC_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1)
+_TXN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+class _Status(Collector):
+    """Partition states and the service's failure counters, from ``status()`` at scrape."""
+
+    def __init__(self, status: Callable[[], Mapping[str, Any]]) -> None:
+        self._status = status
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        st = self._status()
+        parts = GaugeMetricFamily(
+            "qim_writer_partitions", "conversation partitions by state", labels=["state"]
+        )
+        for state in ("assigned", "serving", "restoring"):
+            parts.add_metric([state], len(st.get(state, ())))
+        yield parts
+        events = CounterMetricFamily(
+            "qim_writer_events", "fenced / failed / restores / self_fenced", labels=["event"]
+        )
+        for event in ("fenced", "failed", "restores", "self_fenced"):
+            events.add_metric([event], int(st.get(event, 0)))
+        yield events
+
+
+class WriterMetrics:
+    """The writer's series; :class:`~qim.agents.writer.txn.OwnedPartition` feeds them."""
+
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        status: Callable[[], Mapping[str, Any]] | None = None,
+    ) -> None:
+        r = registry
+        self.seq_alloc = Histogram(
+            "conversation_seq_alloc_seconds", "deciding one SEND_MESSAGE (seq allocation)",
+            registry=r, buckets=_ALLOC_BUCKETS,
+        )  # fmt: skip
+        self.clock_unsafe = Counter(
+            "clock_unsafe_total", "sends refused CLOCK_UNSAFE (HLC regression), always 0",
+            registry=r,
+        )  # fmt: skip
+        self.transactions = Counter(
+            "qim_writer_transactions_total", "request batches committed as one transaction",
+            registry=r,
+        )  # fmt: skip
+        self.outbox_records = Counter(
+            "qim_writer_outbox_records_total", "outbox records committed", registry=r
+        )
+        self.txn_seconds = Histogram(
+            "qim_writer_transaction_seconds", "begin -> commit of one transaction",
+            registry=r, buckets=_TXN_BUCKETS,
+        )  # fmt: skip
+        self.quota_refused = Counter(
+            "qim_writer_quota_refused_total", "requests refused at a limit (20.4.1 rule 3)",
+            labelnames=("tenant", "dimension"), registry=r,
+        )  # fmt: skip
+        if status is not None:
+            r.register(_Status(status))
+
+    def on_quota_refused(self, tenant_id: str) -> None:
+        """One request refused ``conversation_quota_exhausted``."""
+        self.quota_refused.labels(tenant_id, "max_conversations_per_user").inc()

@@ -1,0 +1,236 @@
+"""Conversation requests -> core calls -> a :class:`~qim.agents.writer.partition.Plan`.
+
+One branch per request kind, each a few lines around one core call; the rules live in the
+cores (``qim.core.conversation``, ``qim.core.membership``, ``qim.core.history``; membership
+requests in ``writer_membership``). What the shell adds here is only plumbing:
+
+* the target of a RECALL / EDIT read from the MessageStore, and a one-to-one conversation's
+  participants from there too (the frames name no peer);
+* the visible interval of a PULL_HISTORY requester: GroupMembership's ``(joined_at, left_at)``
+  for a group; for a one-to-one conversation the participants the MessageStore remembered from
+  its MessageCommitted records (full interval). Before its first message nobody can be shown
+  to be a participant (the id is a one-way hash and PULL_HISTORY names no peer), so the answer
+  is PERMISSION_DENIED, the same as for a stranger or a user of another tenant;
+* turning a refusal (``ProtocolError`` with a code) into an ERROR reply (``writer_replies``).
+  A request on the wrong partition would break the single writer of its conversation: it is
+  answered ``SHARD_MOVED`` and never applied.
+
+Nothing here performs I/O except MessageStore reads; appends go into the plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from qim.agents.writer.membership import admin, create, leave
+from qim.agents.writer.partition import PartitionWriter, Plan
+from qim.agents.writer.replies import refuse, reply_to
+from qim.core.conversation import Accepted, Amended, WriterConfig, conversation_kind
+from qim.core.conversation.quota import QUOTA_EXHAUSTED, UserKey, joining_users, quota_refused
+from qim.core.history import (
+    FULL_INTERVAL,
+    HistoryLimits,
+    MessageRecord,
+    VisibleInterval,
+    bounds_from_store,
+    decode_message_record,
+    message_key,
+    pull_history,
+)
+from qim.core.membership import MemberPageLimits, MembershipRejected, create_reply, pull_members
+from qim.schemas.frames.errors import ErrorCode
+from qim.schemas.frames.exceptions import ProtocolError
+from qim.schemas.frames.history import HistoryBatch
+from qim.schemas.ids import ClockUnsafeError
+from qim.schemas.records import (
+    DIRECT,
+    GROUP,
+    AdminGroupRequest,
+    AmendRequest,
+    ConversationRequest,
+    CreateGroupRequest,
+    LeaveGroupRequest,
+    PullHistoryRequest,
+    PullMembersRequest,
+    SendRequest,
+    conversation_partition,
+)
+
+__all__ = ["RequestContext", "conversation_of_request", "handle_request"]
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """The configuration the handlers read; one per worker."""
+
+    config: WriterConfig
+    partition_count: int
+    max_members: int
+    member_limits: MemberPageLimits = field(default_factory=MemberPageLimits)
+    history_limits: HistoryLimits = field(
+        default_factory=lambda: HistoryLimits(max_bytes_cap=512 * 1024)
+    )
+    """512 KiB: a HISTORY_BATCH reply must fit one Kafka record (1 MiB by default)."""
+    exhausted: Collection[UserKey] = frozenset()
+    """The users at ``max_conversations_per_user`` (``UserQuotaFollower``: a live set)."""
+    on_quota_refused: Callable[[str], None] = lambda _tenant_id: None
+    """Called with the tenant of each request refused at the cap (20.4.1 rule 3's counter)."""
+
+
+def conversation_of_request(request: ConversationRequest) -> tuple[str, str]:
+    """``(tenant_id, conversation_id)`` the request is about (its partitioning key)."""
+    match request:
+        case SendRequest():
+            return request.tenant_id, request.message.conversation_id
+        case PullHistoryRequest() | PullMembersRequest():
+            return request.tenant_id, request.message.conversation_id
+        case AmendRequest():
+            return request.tenant_id, request.conversation_id
+        case CreateGroupRequest() | LeaveGroupRequest():
+            return request.tenant_id, request.message.group_id
+        case AdminGroupRequest():
+            return request.tenant_id, request.group_id
+
+
+def handle_request(
+    pw: PartitionWriter, ctx: RequestContext, request: ConversationRequest, now_ms: int, plan: Plan
+) -> None:
+    """Decide one request: append records (applied at once) and replies to ``plan``.
+
+    ``WriterFencedError`` propagates: the partition must be given up, not the request answered.
+    """
+    tenant_id, conversation_id = conversation_of_request(request)
+    try:
+        try:
+            owner = conversation_partition(tenant_id, conversation_id, ctx.partition_count)
+        except (TypeError, ValueError):
+            raise MembershipRejected("invalid_conversation_id") from None
+        if owner != pw.partition:
+            raise ProtocolError("misrouted", code=ErrorCode.SHARD_MOVED)
+        _check_quota(pw, ctx, request, tenant_id, conversation_id)
+        _dispatch(pw, ctx, request, now_ms, plan)
+    except ProtocolError as exc:
+        refuse(request, exc, plan)
+    except ClockUnsafeError as exc:
+        wait = max(1, exc.regression_ms - ctx.config.clock_regression_reject_ms)
+        refuse(request, ProtocolError("clock_unsafe", code=ErrorCode.CLOCK_UNSAFE), plan, wait)
+
+
+def _check_quota(
+    pw: PartitionWriter,
+    ctx: RequestContext,
+    request: ConversationRequest,
+    tenant_id: str,
+    conversation_id: str,
+) -> None:
+    """Refuse, before anything is appended, a request that makes a user at the cap join."""
+    if not ctx.exhausted:
+        return
+    m = pw.membership
+    if conversation_kind(conversation_id) == DIRECT:
+        exists = pw.state.head(tenant_id, conversation_id) is not None
+    else:
+        exists = m.group(tenant_id, conversation_id) is not None or m.has_pending_create(
+            tenant_id, conversation_id
+        )
+    joining = joining_users(
+        request, exists=exists, is_member=lambda u: m.is_member(tenant_id, conversation_id, u)
+    )
+    if quota_refused(tenant_id, joining, ctx.exhausted):
+        ctx.on_quota_refused(tenant_id)
+        raise MembershipRejected(QUOTA_EXHAUSTED)
+
+
+def _dispatch(
+    pw: PartitionWriter, ctx: RequestContext, request: ConversationRequest, now_ms: int, plan: Plan
+) -> None:
+    match request:
+        case SendRequest():
+            decision = pw.state.handle_send(request, now_ms, pw.membership)
+            if isinstance(decision, Accepted):
+                pw.append(decision.record, plan)
+            plan.replies.append(decision.reply)
+        case AmendRequest():
+            _amend(pw, request, now_ms, plan)
+        case PullHistoryRequest():
+            plan.replies.append(reply_to(request, history=_history(pw, ctx, request)))
+        case PullMembersRequest():
+            page = pull_members(
+                pw.membership,
+                tenant_id=request.tenant_id,
+                requester=request.user_id,
+                request=request.message,
+                limits=ctx.member_limits,
+            )
+            plan.replies.append(reply_to(request, members=page))
+        case CreateGroupRequest():
+            group_id = request.message.group_id
+            create(
+                pw,
+                tenant_id=request.tenant_id,
+                group_id=group_id,
+                creator=request.user_id,
+                invitees=request.message.member_ids,
+                max_members=ctx.max_members,
+                now_ms=now_ms,
+                plan=plan,
+            )
+            page = create_reply(
+                pw.membership,
+                tenant_id=request.tenant_id,
+                group_id=group_id,
+                creator=request.user_id,
+                limits=ctx.member_limits,
+            )
+            plan.replies.append(reply_to(request, members=page))
+        case LeaveGroupRequest():
+            plan.replies.append(reply_to(request, members=leave(pw, request, now_ms, plan)))
+        case AdminGroupRequest():
+            admin(pw, request, max_members=ctx.max_members, now_ms=now_ms, plan=plan)
+
+
+def _amend(pw: PartitionWriter, request: AmendRequest, now_ms: int, plan: Plan) -> None:
+    """RECALL / EDIT: the core decides on the MessageStore's rows (committed: the batch was cut
+    before this request if the conversation had an append in it, ``writer_txn``)."""
+    tenant_id, conversation_id = request.tenant_id, request.conversation_id
+
+    def lookup(seq: int) -> MessageRecord | None:
+        raw = pw.store.get(message_key(tenant_id, conversation_id, seq))
+        return None if raw is None else decode_message_record(raw)
+
+    participants = None
+    if conversation_kind(conversation_id) == DIRECT:
+        participants = pw.store.participants(tenant_id, conversation_id)
+    decision = pw.state.handle_amend(
+        request, now_ms, pw.membership, lookup, participants=participants
+    )
+    if isinstance(decision, Amended):
+        pw.append(decision.record, plan)
+    plan.replies.append(decision.reply)
+
+
+def _history(pw: PartitionWriter, ctx: RequestContext, request: PullHistoryRequest) -> HistoryBatch:
+    tenant_id, user_id = request.tenant_id, request.user_id
+    conversation_id = request.message.conversation_id
+    kind = conversation_kind(conversation_id)
+    if kind == GROUP:
+        seen = pw.membership.visible_interval(tenant_id, conversation_id, user_id)
+        if seen is None:
+            raise MembershipRejected("not_a_member")
+        interval = VisibleInterval(*seen)
+    elif kind == DIRECT:
+        participants = pw.store.participants(tenant_id, conversation_id) or ()
+        if user_id not in participants:
+            raise MembershipRejected("not_a_member")
+        interval = FULL_INTERVAL
+    else:
+        raise MembershipRejected("not_a_member")
+    return pull_history(
+        pw.store,
+        tenant_id=tenant_id,
+        request=request.message,
+        interval=interval,
+        bounds=bounds_from_store(pw.store, tenant_id, conversation_id),
+        limits=ctx.history_limits,
+    )

@@ -1,0 +1,304 @@
+"""One owned partition's batches, each executed as ONE Kafka transaction.
+
+Why a transaction per batch (direction.md 4.6, spec 8 Kafka mapping): the outbox appends, the
+member slices (dispatch topic, partition = MailboxShard), the replies (to-gateway, partition =
+ConnectionShard), the admin replies, a checkpoint now and then, and the consumed request offsets
+commit together or not at all. Readers use read_committed, so a SEND_ACK is visible exactly when
+its outbox record is durable, and a fenced former owner's output never is: its transactional
+producer (``transactional_id = qim-conversation-writer-<p>``) was fenced by the new owner's
+InitProducerId, so its next send or commit fails with ProducerFenced.
+
+Order inside a batch: requests are decided in log order, each on top of the records appended
+before it (the writer state is applied at once, ``PartitionWriter.append``); replies are produced
+in decision order. A PULL_HISTORY or a RECALL / EDIT of a conversation that already has an
+append in the open transaction cuts the batch there (commit, write the MessageStore, go on):
+history and an amend's target are read from the store, which only holds committed records (a
+double-tap recall in one batch must see the first recall's mark: one CONTROL event, 13.4.4).
+The store is written after the commit, with the outbox offsets the broker assigned. Any
+failure propagates: the caller drops this partition's state (it may be ahead of the log) and
+restores it from the checkpoint and the outbox.
+
+``CrashHook`` is the test hook of spec 8.3's crash table: with ``QIM_WRITER_CRASH_AT=<step>`` and
+``QIM_WRITER_CRASH_CMID=<client_message_id>`` the process exits at that step of the batch that
+carries the message (``amend:<conversation_id>:<target_seq>`` names a RECALL / EDIT instead).
+Steps: ``decided`` (coordinates allocated, nothing appended), ``appended`` (outbox records
+acknowledged inside the open transaction), ``committed`` (transaction committed, MessageStore not
+written), ``stored`` (everything done).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Final
+
+import msgspec
+from aiokafka import AIOKafkaProducer, TopicPartition
+from aiokafka.structs import OffsetAndMetadata
+
+from qim.agents.trace_lines import committed as trace_committed
+from qim.agents.writer.metrics import WriterMetrics
+from qim.agents.writer.partition import PartitionWriter, Plan, conversation_of
+from qim.agents.writer.requests import RequestContext, conversation_of_request, handle_request
+from qim.agents.writer.snapshot import checkpoint_records
+from qim.schemas.frames.errors import ErrorCode
+from qim.schemas.records import (
+    AmendRequest,
+    OutboxRecord,
+    PullHistoryRequest,
+    SendRequest,
+    conversation_key,
+    decode_conversation_request,
+    encode_membership_record,
+    encode_outbox_record,
+    encode_record,
+)
+
+__all__ = [
+    "CRASH_EXIT_CODE",
+    "CRASH_STEPS",
+    "CrashHook",
+    "OwnedPartition",
+    "SelfFencedError",
+    "Topics",
+]
+
+log = logging.getLogger(__name__)
+
+CRASH_STEPS: Final = ("decided", "appended", "committed", "stored")
+CRASH_EXIT_CODE: Final = 70
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+class SelfFencedError(RuntimeError):
+    """The group lease may have lapsed (no heartbeat for writer_self_fence_deadline)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Topics:
+    """Names and partition counts of the topics a transaction writes."""
+
+    requests: str
+    outbox: str
+    snapshots: str
+    to_gateway: str
+    dispatch: str
+    admin_replies: str
+    to_gateway_partitions: int
+
+
+@dataclass(frozen=True, slots=True)
+class CrashHook:
+    """Exit the process at ``step`` of the batch carrying ``client_message_id`` (tests only)."""
+
+    step: str | None = None
+    client_message_id: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str]) -> CrashHook:
+        step = env.get("QIM_WRITER_CRASH_AT") or None
+        if step is not None and step not in CRASH_STEPS:
+            raise ValueError(f"QIM_WRITER_CRASH_AT must be one of {CRASH_STEPS}, got {step!r}")
+        return cls(step, env.get("QIM_WRITER_CRASH_CMID", ""))
+
+    def armed(self, requests: Sequence[object]) -> bool:
+        return self.step is not None and any(self._matches(r) for r in requests)
+
+    def _matches(self, request: object) -> bool:
+        """A send by its client_message_id; a RECALL / EDIT as ``amend:<conversation>:<seq>``."""
+        if isinstance(request, SendRequest):
+            return request.message.client_message_id == self.client_message_id
+        if isinstance(request, AmendRequest):
+            name = f"amend:{request.conversation_id}:{request.target_conversation_seq}"
+            return name == self.client_message_id
+        return False
+
+    def __call__(self, step: str, armed: bool) -> None:
+        if armed and step == self.step:
+            log.warning("crash hook: exiting at step %r", step)
+            logging.shutdown()
+            os._exit(CRASH_EXIT_CODE)
+
+
+class OwnedPartition:
+    """A partition this worker serves: its state, its transactional producer, its counters."""
+
+    def __init__(
+        self,
+        writer: PartitionWriter,
+        producer: AIOKafkaProducer,
+        *,
+        topics: Topics,
+        group_id: str,
+        ctx: RequestContext,
+        checkpoint_every: int,
+        checkpoint_interval_s: float,
+        lease_valid: Callable[[], bool],
+        crash: CrashHook,
+        metrics: WriterMetrics | None = None,
+    ) -> None:
+        self.writer = writer
+        self.metrics = metrics
+        self.producer = producer
+        self.topics = topics
+        self.group_id = group_id
+        self.ctx = ctx
+        self.checkpoint_every = checkpoint_every
+        self.checkpoint_interval_s = checkpoint_interval_s
+        self.lease_valid = lease_valid
+        self.crash = crash
+        self.last_checkpoint = time.monotonic()
+        self.committed = 0
+        self.lock = asyncio.Lock()
+        self._tp = TopicPartition(topics.requests, writer.partition)
+
+    @property
+    def partition(self) -> int:
+        return self.writer.partition
+
+    async def process(self, records: Sequence[Any]) -> None:
+        """Decide and commit ``records`` (consumer records of this partition, in order).
+
+        The caller checks the lease first; a failure here leaves the state ahead of the log.
+        """
+        decoded: list[tuple[int, Any]] = []
+        for record in records:
+            try:
+                decoded.append((record.offset, decode_conversation_request(record.value)))
+            except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
+                log.error("p%d: undecodable request at %d: %s", self.partition, record.offset, exc)
+                decoded.append((record.offset, None))
+        armed = self.crash.armed([r for _, r in decoded])
+        now_ms = int(time.time() * 1000)
+        plan = Plan()
+        for offset, request in decoded:
+            if (
+                isinstance(request, PullHistoryRequest | AmendRequest)
+                and conversation_of_request(request) in plan.touched
+            ):
+                await self._commit(plan, offset, armed)
+                plan = Plan()
+            if request is not None:
+                self._decide(request, now_ms, plan)
+        await self._commit(plan, decoded[-1][0] + 1, armed)
+
+    def _decide(self, request: Any, now_ms: int, plan: Plan) -> None:
+        """One request into the plan; a send's decision time is ``conversation_seq_alloc``."""
+        metrics = self.metrics
+        if metrics is None or not isinstance(request, SendRequest):
+            handle_request(self.writer, self.ctx, request, now_ms, plan)
+            return
+        replies = len(plan.replies)
+        started = time.perf_counter()
+        handle_request(self.writer, self.ctx, request, now_ms, plan)
+        metrics.seq_alloc.observe(time.perf_counter() - started)
+        for reply in plan.replies[replies:]:
+            if reply.error is not None and reply.error.code == ErrorCode.CLOCK_UNSAFE:
+                metrics.clock_unsafe.inc()
+
+    async def _commit(self, plan: Plan, next_offset: int, armed: bool) -> None:
+        """One transaction: the plan's records, a checkpoint if due, the request offsets."""
+        self.crash("decided", armed)
+        producer, topics, p = self.producer, self.topics, self.partition
+        started = time.perf_counter()
+        await producer.begin_transaction()
+        try:
+            appended = await self._send(plan)
+            self.crash("appended", armed)
+            checkpointed = self._checkpoint_due()
+            if checkpointed:
+                covers = appended[-1][1] if appended else self.writer.applied_offset
+                for key, value in checkpoint_records(self.writer.checkpoint(covers)):
+                    await self._produce(topics.snapshots, value, key, p)
+            offsets = {self._tp: OffsetAndMetadata(next_offset, "")}
+            await producer.send_offsets_to_transaction(offsets, self.group_id)
+            if not self.lease_valid():
+                raise SelfFencedError("lease lapsed before the commit")
+            await producer.commit_transaction()
+        except BaseException:
+            await self._abort()
+            raise
+        self.committed += 1
+        if self.metrics is not None:
+            self.metrics.transactions.inc()
+            self.metrics.outbox_records.inc(len(appended))
+            self.metrics.txn_seconds.observe(time.perf_counter() - started)
+        trace_committed(log, appended)
+        if checkpointed:
+            self.writer.debt = 0
+            self.last_checkpoint = time.monotonic()
+        self.crash("committed", armed)
+        self.writer.stored(appended)
+        self.crash("stored", armed)
+
+    async def _send(self, plan: Plan) -> list[tuple[OutboxRecord, int]]:
+        """Produce the plan in decision order; returns the outbox records with their offsets."""
+        topics, p = self.topics, self.partition
+        outbox = [
+            await self._produce(
+                topics.outbox,
+                encode_outbox_record(record),
+                conversation_key(*conversation_of(record)),
+                p,
+            )
+            for record in plan.outbox
+        ]
+        others = [
+            await self._produce(
+                topics.dispatch,
+                encode_membership_record(member_slice),
+                conversation_key(member_slice.tenant_id, member_slice.group_id),
+                member_slice.partition,
+            )
+            for member_slice in plan.slices
+        ]
+        for reply in plan.replies:
+            if not 0 <= reply.partition < topics.to_gateway_partitions:
+                log.error("reply for connection_shard %d dropped: no such shard", reply.partition)
+                continue
+            value = encode_record(reply)
+            others.append(await self._produce(topics.to_gateway, value, reply.key, reply.partition))
+        for admin in plan.admin_replies:
+            value = encode_record(admin)
+            others.append(await self._produce(topics.admin_replies, value, admin.key, 0))
+        metadata = await asyncio.gather(*outbox)
+        await asyncio.gather(*others)
+        return [(r, m.offset) for r, m in zip(plan.outbox, metadata, strict=True)]
+
+    async def _produce(
+        self, topic: str, value: bytes, key: bytes, partition: int
+    ) -> asyncio.Future[Any]:
+        future: asyncio.Future[Any] = await self.producer.send(
+            topic, value, key=key, partition=partition
+        )
+        # when a later send fails first, this one's failure must not go unretrieved
+        future.add_done_callback(_retrieve)
+        return future
+
+    def _checkpoint_due(self) -> bool:
+        """Every ``checkpoint_every`` applied records, or after an interval with any."""
+        debt = self.writer.debt
+        if debt >= self.checkpoint_every:
+            return True
+        return debt > 0 and time.monotonic() - self.last_checkpoint >= self.checkpoint_interval_s
+
+    async def _abort(self) -> None:
+        try:
+            await self.producer.abort_transaction()
+        except Exception as exc:  # fenced or broken: the caller gives the partition up anyway
+            log.info("p%d: abort after a failed transaction failed too: %r", self.partition, exc)
+
+    async def close(self) -> None:
+        """Stop the producer (an open transaction is aborted by the broker or the next owner)."""
+        try:
+            await self.producer.stop()
+        except Exception as exc:
+            log.info("p%d: producer stop: %r", self.partition, exc)

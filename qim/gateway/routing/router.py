@@ -1,0 +1,404 @@
+"""ConversationRouter: business frames to the ConversationWriter, its replies back (§5.3, §8).
+
+The node's ``frame_handler``. A frame from an ONLINE session becomes an envelope
+(:mod:`~qim.gateway.routing.rules`, identity from the session) that :class:`RequestForwarder`
+produces to ``qim.conversation-requests`` at the conversation's partition; the writer's
+:class:`WriterReply` comes back on ``qim.to-gateway`` at this node's ConnectionShard, read from
+:meth:`ShardOwnership.records` with ``isolation_level=read_committed`` (the writer replies inside
+its Kafka transaction, so SEND_ACK is only ever seen once the message is durable and a fenced
+writer's acknowledgements never surface; direction.md §4.6), and is written to the connection
+whose ``session_epoch`` matches (:mod:`~qim.gateway.routing.replies`).
+
+A request that cannot be produced (Kafka unreachable, the queue full) is answered at once with
+``ERROR{REGION_FAILOVER, retry_after_ms}``: the conversation's writer cannot be reached from
+here, which is what A.6 #7 names, and it gives the client the right retry (§19.2.4: keep the
+message pending, back off, resend with the same client_message_id - ClientDedup makes a
+request that did land harmless). RATE_LIMITED would blame the user for an outage and count
+toward ``send_reject_total{RATE_LIMITED}``'s user-pressure alert (§24.1.2).
+
+With ``mailbox_sync`` the same forwarder and reader also carry login sync
+(:class:`~qim.gateway.routing.mailbox_requests.MailboxRequests`): PULL_MAILBOX goes to
+``qim.user-requests`` at the user's MailboxShard, and ``kind="mailbox_reply"`` records of the
+to-gateway topic go to it instead of being counted as an unknown kind.
+
+``kind="push_batch"`` records (the MailboxNode's PushBatch, spec 11.1) are expanded against
+this node's live connections (:func:`~qim.core.push.expand_batch`, keyed by ``conn_id``, the
+``connection_id`` the presence entry carries); each delivery goes to that connection's
+:meth:`Session.push <qim.gateway.session.Session.push>`. Each PRESENCE_STALE is produced,
+fire-and-forget, to ``qim.user-requests`` at the batch's MailboxShard (only with
+``mailbox_sync``, which makes that topic one of the forwarder's; a lost report costs nothing
+durable, 5.4.3).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+import msgspec
+from prometheus_client import CollectorRegistry
+
+from qim.gateway.actions import Send
+from qim.gateway.devices import DeviceRegistry
+from qim.gateway.logins import jittered
+from qim.gateway.ports import AuthGrant
+from qim.gateway.push.delivery import deliver_push_batch
+from qim.gateway.push.metrics import PushMetrics
+from qim.gateway.routing.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
+from qim.gateway.routing.mailbox_requests import MailboxRequests
+from qim.gateway.routing.metrics import RoutingMetrics
+from qim.gateway.routing.replies import ReplyVerdict, reply_send, resolve_reply
+from qim.gateway.routing.rules import Routed, request_kind, route_frame
+from qim.observability.logging import trace
+from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, for_code
+from qim.schemas.frames.control import ConversationState, MarkRead
+from qim.schemas.frames.history import PullSessionList
+from qim.schemas.records.push import (
+    PresenceStale,
+    PushBatch,
+    decode_to_gateway,
+    encode_push_record,
+)
+
+if TYPE_CHECKING:
+    from qim.gateway.config import GatewayConfig
+    from qim.gateway.transport.connection import Connection
+
+__all__ = ["ConversationRouter", "ReplySource", "build_router"]
+
+log = logging.getLogger(__name__)
+
+_PendingKey = tuple[str, str, str, int, int]  # tenant, user, device, session_epoch, request_id
+
+
+class _Record(Protocol):
+    @property
+    def value(self) -> bytes | None: ...
+
+
+@runtime_checkable
+class ReplySource(Protocol):
+    """Batches of the to-gateway records of the owned shards (``ShardOwnership.records``)."""
+
+    def records(self) -> AsyncIterator[Sequence[_Record]]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class _StaleRecord:
+    """A PresenceStale as the forwarder's ``Outgoing``."""
+
+    stale: PresenceStale
+
+    @property
+    def key(self) -> bytes:
+        return self.stale.key
+
+    @property
+    def value(self) -> bytes:
+        return encode_push_record(self.stale)
+
+    @property
+    def partition(self) -> int:
+        return self.stale.partition
+
+
+class _LiveGrants(Mapping[str, AuthGrant]):
+    """The node's authenticated, open connections by ``conn_id``, as expansion reads them."""
+
+    def __init__(self, connections: Mapping[str, Connection]) -> None:
+        self._connections = connections
+
+    def __getitem__(self, conn_id: str) -> AuthGrant:
+        conn = self._connections[conn_id]
+        grant = conn.session.grant
+        if grant is None or conn.closing or conn.session.closed:
+            raise KeyError(conn_id)
+        return grant
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._connections)
+
+    def __len__(self) -> int:
+        return len(self._connections)
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    started_ms: int
+    kind: str
+
+
+class ConversationRouter:
+    """Forwards requests, delivers replies; ``start(source)`` / ``stop()`` with the node."""
+
+    def __init__(
+        self,
+        forwarder: RequestForwarder,
+        registry: DeviceRegistry[Connection],
+        shard_of: Callable[[str, str], int],
+        metrics_registry: CollectorRegistry,
+        *,
+        clock_ms: Callable[[], int],
+        retry_after_ms: int = 2000,
+        pending_ttl_ms: int = 60_000,
+        max_pending: int = 100_000,
+    ) -> None:
+        self.forwarder = forwarder
+        self._registry = registry
+        self._shard_of = shard_of
+        self._clock_ms = clock_ms
+        self._retry_after_ms = retry_after_ms
+        self._pending_ttl_ms = pending_ttl_ms
+        self._max_pending = max_pending
+        self._pending: dict[_PendingKey, _Pending] = {}
+        self._pump: asyncio.Task[None] | None = None
+        self.mailbox: MailboxRequests | None = None  # login sync, when the node has it on
+        self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
+        self.push_metrics: PushMetrics | None = None  # the node's (24.1.6, body_encode_count)
+        self.metrics = RoutingMetrics(
+            metrics_registry,
+            clock_ms=clock_ms,
+            in_flight=lambda: len(self._pending),
+            queued=lambda: forwarder.queued,
+        )
+
+    async def start(self, source: ReplySource | None) -> None:
+        await self.forwarder.start()
+        if source is None:
+            log.warning("no ConnectionShard record source: writer replies will not be delivered")
+            return
+        self._pump = asyncio.create_task(self._read(source), name="to-gateway-replies")
+
+    async def stop(self) -> None:
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._pump
+            self._pump = None
+        await self.forwarder.stop()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def handle(self, conn: Connection, frame: Frame) -> None:
+        """The node's frame handler: never blocks, never awaits Kafka."""
+        grant = conn.session.grant
+        if grant is None or conn.closing:
+            return
+        if self.mailbox is not None and isinstance(frame.body, PullMailbox):
+            self.mailbox.pull(conn, frame)
+            return
+        if self.mailbox is not None and isinstance(frame.body, PullSessionList):
+            self.mailbox.session_list(conn, frame)
+            return
+        if self.mailbox is not None and isinstance(frame.body, MarkRead):
+            self.mailbox.mark_read(conn, frame)
+            return
+        if self.mailbox is not None and isinstance(frame.body, ConversationState):
+            self.mailbox.conversation_state(conn, frame)
+            return
+        shard = self._shard_of(grant.tenant_id, grant.user_id)
+        routed = route_frame(
+            frame, grant, connection_shard=shard, partition_count=self.forwarder.partition_count
+        )
+        rid = frame.header.request_id
+        if routed is None:
+            self.metrics.unrouted.labels(frame=frame.name).inc()
+            return
+        if isinstance(routed, Error):
+            kind = request_kind(frame.body)
+            self.metrics.refused.labels(kind=kind).inc()
+            if kind == "send":
+                self.metrics.send_reject.labels(code=ErrorCode.PERMISSION_DENIED.name).inc()
+            conn.apply([Send(routed, request_id=rid, version=conn.session.version)])
+            return
+        key = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch, rid)
+        self._remember(key, routed.kind)
+        if not self.forwarder.submit(routed, lambda exc: self._produced(conn, key, routed, exc)):
+            self._failed(conn, key, routed, "queue_full")
+
+    def _produced(
+        self, conn: Connection, key: _PendingKey, routed: Routed, exc: BaseException | None
+    ) -> None:
+        if exc is None:
+            self.metrics.forwarded.labels(kind=routed.kind).inc()
+            return
+        log.warning(
+            "request %s to partition %d not produced: %r", routed.kind, routed.partition, exc
+        )
+        self._failed(conn, key, routed, "kafka")
+
+    def _failed(self, conn: Connection, key: _PendingKey, routed: Routed, reason: str) -> None:
+        self._pending.pop(key, None)
+        self.metrics.failed.labels(kind=routed.kind, reason=reason).inc()
+        if routed.kind == "send":
+            self.metrics.send_reject.labels(code=ErrorCode.REGION_FAILOVER.name).inc()
+        if conn.closing or conn.session.closed:
+            return
+        rid = key[-1]
+        error = Error(
+            code=int(ErrorCode.REGION_FAILOVER),
+            retry_after_ms=jittered(self._retry_after_ms),
+            detail="conversation temporarily unreachable",
+            request_id=rid,
+        )
+        conn.apply([Send(error, request_id=rid, version=conn.session.version)])
+
+    def _remember(self, key: _PendingKey, kind: str) -> None:
+        """Note when a request left, for the latency metrics; bounded in size and age."""
+        now = self._clock_ms()
+        pending = self._pending
+        horizon = now - self._pending_ttl_ms
+        while pending:
+            oldest = next(iter(pending))
+            if pending[oldest].started_ms >= horizon and len(pending) < self._max_pending:
+                break
+            del pending[oldest]
+        pending.pop(key, None)  # re-insert at the end: insertion order stays time order
+        pending[key] = _Pending(now, kind)
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._pending)
+
+    # -- replies --------------------------------------------------------------------------------
+
+    def deliver(self, value: bytes | None) -> ReplyVerdict:
+        """Write one to-gateway record to its connection (or count why not)."""
+        resolved = resolve_reply(value, self._registry)
+        if self.mailbox is not None and value and resolved.kind == "mailbox_reply":
+            verdict = self.mailbox.deliver(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
+        if self.mailbox is not None and value and resolved.kind == "session_push":
+            verdict = self.mailbox.session_push(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
+        if value and resolved.kind == "push_batch":
+            verdict = self.push(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
+        self.metrics.records.labels(kind=resolved.kind, result=resolved.verdict.value).inc()
+        reply = resolved.reply
+        if reply is None:
+            return resolved.verdict
+        key = (reply.tenant_id, reply.user_id, reply.device_id, reply.session_epoch)
+        entry = self._pending.pop((*key, reply.request_id), None)
+        conn = resolved.conn
+        if conn is None or resolved.verdict is not ReplyVerdict.DELIVER:
+            return resolved.verdict
+        conn.apply([reply_send(reply, conn.session.version)])
+        latency = None if entry is None else self._clock_ms() - entry.started_ms
+        kind = entry.kind if entry is not None else ("send" if reply.send_ack else "unknown")
+        error = None if reply.error is None else for_code(reply.error.code).name
+        self.metrics.on_reply(kind, latency, ack=reply.send_ack is not None, error=error)
+        ack = reply.send_ack
+        if ack is not None:  # 24.2: the sender's side of the message's trace
+            trace(
+                log, "SEND_ACK written", stage="acked", message_id=ack.message_id,
+                client_message_id=ack.client_message_id, tenant_id=reply.tenant_id,
+                user_id=reply.user_id, device_id=reply.device_id,
+                connection_shard=reply.connection_shard,
+            )  # fmt: skip
+        return resolved.verdict
+
+    def push(self, value: bytes) -> ReplyVerdict:
+        """Expand one PushBatch onto the live connections (11.1.1); report the stale ones."""
+        try:
+            batch = decode_to_gateway(value)
+        except (msgspec.DecodeError, ValueError):
+            return ReplyVerdict.MALFORMED
+        if not isinstance(batch, PushBatch):
+            return ReplyVerdict.MALFORMED
+        live, now = _LiveGrants(self.connections), self._clock_ms()
+        expansion = deliver_push_batch(batch, live, self.connections, now, self.push_metrics)
+        for stale in expansion.stale:
+            self._report_stale(stale)
+        return ReplyVerdict.DELIVER if expansion.deliveries else ReplyVerdict.NO_SESSION
+
+    def _report_stale(self, stale: PresenceStale) -> None:
+        mailbox = self.mailbox
+        if mailbox is None:  # user-requests is not a topic of this forwarder
+            return
+
+        def produced(exc: BaseException | None) -> None:
+            if exc is not None:
+                log.debug("PRESENCE_STALE for %s not produced: %r", stale.user_id, exc)
+
+        self.forwarder.submit(_StaleRecord(stale), produced, topic=mailbox.topic)
+
+    async def _read(self, source: ReplySource) -> None:
+        """Deliver every record; a failure of ours is logged and the stream goes on."""
+        while True:
+            try:
+                async for batch in source.records():
+                    for record in batch:
+                        try:
+                            self.deliver(record.value)
+                        except Exception:
+                            log.exception("to-gateway record not delivered")
+                return  # the source stopped (ownership stopped)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("to-gateway reader failed; resuming")
+                await asyncio.sleep(1)
+
+
+def build_router(
+    config: GatewayConfig,
+    registry: DeviceRegistry[Connection],
+    shard_of: Callable[[str, str], int],
+    metrics_registry: CollectorRegistry,
+    *,
+    clock_ms: Callable[[], int],
+    producer: RequestProducer | None = None,
+) -> ConversationRouter:
+    """The node's router from its configuration (``route_requests``); ``producer`` is a seam
+    for tests, the default an idempotent ``acks=all`` Kafka producer."""
+    assert config.kafka_bootstrap is not None  # GatewayConfig checks it
+    if producer is None:
+        producer = kafka_request_producer(
+            config.kafka_bootstrap, linger_ms=config.request_linger_ms, client_id=config.node_id
+        )
+    settings = config.settings
+    extra = {}
+    if config.mailbox_sync:
+        extra[config.user_requests_topic] = (
+            int(settings.mailbox_shard_count),
+            "mailbox_shard_count",
+            "MailboxNode",
+        )
+    forwarder = RequestForwarder(
+        producer,
+        config.requests_topic,
+        config.conversation_partition_count,
+        max_queued=config.max_queued_requests,
+        extra_topics=extra,
+    )
+    router = ConversationRouter(
+        forwarder,
+        registry,
+        shard_of,
+        metrics_registry,
+        clock_ms=clock_ms,
+        retry_after_ms=int(settings.region_failover_retry_after_ms),
+    )
+    if config.mailbox_sync:
+        router.mailbox = MailboxRequests(
+            forwarder,
+            registry,
+            shard_of,
+            metrics_registry,
+            topic=config.user_requests_topic,
+            virtual_bucket_count=int(settings.virtual_bucket_count),
+            mailbox_shard_count=int(settings.mailbox_shard_count),
+            node_id=config.node_id,
+            timeout_ms=config.mailbox_sync_timeout_ms,
+            retry_after_ms=int(settings.reconnect_backoff.initial_ms),
+            clock_ms=clock_ms,
+        )
+    return router
