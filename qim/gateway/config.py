@@ -51,7 +51,7 @@ class GatewayConfig:
     requests_topic: str = "qim.conversation-requests"
     conversation_partition_count: int = 16  # = the topic's partitions, checked at start
     request_linger_ms: int = 2  # producer batching; a send's budget is 150 ms p99 (§24.1.2)
-    max_queued_requests: int = 10_000  # beyond it: ERROR{REGION_FAILOVER} at once
+    max_queued_requests: int = 10_000  # beyond it: ERROR{RATE_LIMITED} at once
     # Login sync (issue 5, §9.3): AUTH_OK waits for the MailboxNode's sync fields, PULL_MAILBOX
     # and SYNC_COMPLETE are served. Off unless asked, like routing (a node tested as a pure
     # connection layer has no MailboxNode to ask); ``qim gateway`` turns it on with routing.

@@ -40,6 +40,7 @@ from qim.gateway.transport.listeners import Listeners
 from qim.gateway.wheel import TimingWheel
 from qim.schemas.frames import Error, ErrorCode, Frame
 from qim.schemas.records.presence import PresenceKey
+from qim.streams.producer import replaced_counter
 
 __all__ = ["ConnectionNode", "wall_clock_ms"]
 
@@ -76,6 +77,9 @@ class ConnectionNode:
                 config.presence_topic,
                 virtual_bucket_count=int(config.settings.virtual_bucket_count),
                 mailbox_shard_count=int(config.settings.mailbox_shard_count),
+                on_replaced=lambda reason: self.producer_replaced.labels(
+                    producer="presence", reason=reason
+                ).inc(),
             )
         self.presence: PresenceSink = presence if presence is not None else MemoryPresence()
         self.connections: dict[str, Connection] = {}
@@ -95,6 +99,8 @@ class ConnectionNode:
             unauth_count=self._unauth_count,
             send_queues=self._send_queues,
         )
+        # issue 15: the request and presence producers replace themselves after a broker restart
+        self.producer_replaced = replaced_counter(self.metrics.registry, "gateway")
         self.send_budget = NodeSendBudget(  # 11.3.3: the sum of every socket's send buffer
             config.settings.node_send_buffer_budget.resolve(available_memory_bytes()),
             clock_ms,

@@ -5,11 +5,17 @@ the partition in the order the node decided them (a replaced connection must nev
 its successor's entry late). ``publish`` / ``tombstone`` only enqueue, so the socket path never
 waits on Kafka; the sender hands records to one idempotent ``acks=all`` producer in order.
 The partition is explicit (the user's mailbox_shard_id), never the key hash.
+
+The producer replaces itself when a broker restart left it unusable
+(:class:`~qim.streams.producer.RecoveringProducer`) and sends the failed records again, in
+their order: safe, because the topic is compacted by device key (last write wins) and a
+re-sent record is the same decision.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -17,6 +23,7 @@ from typing import Any
 from aiokafka import AIOKafkaProducer
 
 from qim.schemas.records.presence import PresenceEntry, PresenceKey, encode_presence
+from qim.streams.producer import RecoveringProducer
 
 __all__ = ["KafkaPresenceWriter", "MemoryPresence"]
 
@@ -36,13 +43,21 @@ class KafkaPresenceWriter:
         virtual_bucket_count: int,
         mailbox_shard_count: int,
         on_written: Callable[[str], None] | None = None,
+        on_replaced: Callable[[str], None] | None = None,
     ) -> None:
+        """``on_replaced(reason)``: the producer was replaced (a metric counts it)."""
         self.topic = topic
         self._vbc = virtual_bucket_count
         self._shards = mailbox_shard_count
         self._on_written = on_written or (lambda kind: None)
-        self._producer: Any = AIOKafkaProducer(
-            bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+        self._producer = RecoveringProducer(
+            lambda: AIOKafkaProducer(
+                bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5
+            ),
+            name="presence",
+            idempotent=True,
+            resend=True,
+            on_replaced=on_replaced,
         )
         self._queue: asyncio.Queue[_Record | None] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None
@@ -88,7 +103,7 @@ class KafkaPresenceWriter:
                     self.topic, value=value, key=key, partition=partition
                 )
                 kind = "upsert" if value is not None else "tombstone"
-                future.add_done_callback(lambda f, k=kind: self._done(f, k))
+                future.add_done_callback(functools.partial(self._done, kind=kind))
             except Exception:  # a record lost here expires by lease (§5.4.3 (3))
                 log.exception("presence record not sent")
             finally:

@@ -268,6 +268,31 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
         ("qim_writer_quota_refused_total",),
         note='dimension="max_conversations_per_user" (conversation_quota_exhausted)',
     ),
+    # 26.8 (a broker restart): a producer the restart left unusable is replaced by itself
+    # (qim/streams/producer.py); the spec names no metric. reason = the error that showed it
+    _m(
+        "Kafka producer replaced (ConnectionNode)",
+        "26.8",
+        "gateway",
+        ("qim_gateway_producer_replaced_total",),
+        note='producer="requests" (conversation + user requests) | "presence"; failed records '
+        "are sent again in order",
+    ),
+    _m(
+        "Kafka producer replaced (ConversationWriter, FanoutCoordinator)",
+        "26.8",
+        "conversation",
+        ("qim_conversation_producer_replaced_total",),
+        note='producer="writer" (a failed transaction: restored with a new, fencing producer) '
+        '| "dispatch"',
+    ),
+    _m(
+        "Kafka producer replaced (MailboxNode)",
+        "26.8",
+        "mailbox",
+        ("qim_mailbox_producer_replaced_total",),
+        note='producer="replies" (replies, pushes, user-state commands, quota records)',
+    ),
 )
 
 

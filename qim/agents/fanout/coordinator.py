@@ -42,7 +42,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import faust
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import CommitFailedError, IllegalStateError
 from mode import Service
@@ -54,6 +54,7 @@ from qim.agents.fanout.partition import PartitionFanout
 from qim.agents.fanout.recovery import LogReader, recover_partition
 from qim.agents.fanout.round import feed_live, observe, produce, report_held
 from qim.params import Settings
+from qim.streams.producer import RecoveringProducer, replaced_counter
 
 __all__ = ["BeforeCommit", "FanoutCoordinatorService", "register"]
 
@@ -90,9 +91,10 @@ class FanoutCoordinatorService(Service):
         self.options = options
         self.registry = registry if registry is not None else CollectorRegistry()
         self.metrics = FanoutMetrics(self.registry)
+        self.producer_replaced = replaced_counter(self.registry, "conversation")
         self._before_commit = before_commit
         self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: RecoveringProducer | None = None
         self._lock = asyncio.Lock()
         self._commit_lock = asyncio.Lock()
         self._inflight: dict[int, asyncio.Task[None]] = {}
@@ -120,7 +122,17 @@ class FanoutCoordinatorService(Service):
     # -- lifecycle -------------------------------------------------------------------------------
 
     async def on_start(self) -> None:
-        producer = self.options.producer()
+        # replaced if its sender dies; its failures reset the partition (re-produced from the
+        # committed offset, same dispatch_id), so nothing is re-sent by the producer itself
+        producer = RecoveringProducer(
+            self.options.producer,
+            name="dispatch",
+            idempotent=False,
+            resend=False,
+            on_replaced=lambda reason: self.producer_replaced.labels(
+                producer="dispatch", reason=reason
+            ).inc(),
+        )
         await producer.start()
         self._producer = producer
         consumer = self.options.consumer()

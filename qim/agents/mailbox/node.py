@@ -37,7 +37,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.errors import KafkaError
@@ -69,6 +69,7 @@ from qim.core.mailbox.sessions import SessionChange
 from qim.schemas.records.dispatch import GroupDispatch, ShardLogRecord
 from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
+from qim.streams.producer import RecoveringProducer, replaced_counter
 
 __all__ = ["MailboxNodeService"]
 
@@ -97,6 +98,7 @@ class MailboxNodeService(Service):
         self.registry = CollectorRegistry()
         self.owned: dict[int, OwnedShard] = {}
         self.metrics = MailboxMetrics(self.registry, lambda: self.owned)
+        self.producer_replaced = replaced_counter(self.registry, "mailbox")
         self._dormant: dict[int, OwnedShard] = {}
         self._request_offsets: dict[int, int] = {}
         self._lock = asyncio.Lock()
@@ -108,7 +110,7 @@ class MailboxNodeService(Service):
             tombstone_probe=options.tombstone_probe,
         )
         self._consumer: AIOKafkaConsumer | None = None
-        self._producer: AIOKafkaProducer | None = None
+        self._producer: RecoveringProducer | None = None
         self._admin: AIOKafkaAdminClient | None = None
         self.presence = NodePresence()
         self._push_tasks: set[asyncio.Task[None]] = set()
@@ -135,7 +137,17 @@ class MailboxNodeService(Service):
         opts = self.options
         self._admin = AIOKafkaAdminClient(bootstrap_servers=opts.bootstrap)
         await self._admin.start()
-        self._producer = opts.reply_producer()
+        # replaced if its sender dies; a failed reply, push or command keeps its own handling
+        # (a reply or push is at-least-once, a command costs the client a retry)
+        self._producer = RecoveringProducer(
+            opts.reply_producer,
+            name="replies",
+            idempotent=False,
+            resend=False,
+            on_replaced=lambda reason: self.producer_replaced.labels(
+                producer="replies", reason=reason
+            ).inc(),
+        )
         await self._producer.start()
         consumer = opts.consumer(ShardAssignor)
         await consumer.start()

@@ -21,7 +21,12 @@ Lifecycle of a partition:
   and no partition waits for another's commit.
 * a failed transaction -> the state is dropped (it may be ahead of the log) and the partition is
   restored again; after ProducerFenced only once a session timeout passed without the group
-  taking the partition away (a fenced member is about to be revoked).
+  taking the partition away (a fenced member is about to be revoked). The restore starts a new
+  transactional producer, whose InitProducerId fences every older one of the same
+  ``transactional_id`` -- so a producer a broker restart left unusable (a sequence gap, a
+  transaction the coordinator aborted) is replaced this way, the requests are read again from
+  the committed offset (nothing is re-sent by hand), and fencing holds as at any takeover.
+  Counted as ``qim_conversation_producer_replaced_total{producer="writer", reason}``.
 * **revoked** (aiokafka rebalances eagerly: every rebalance revokes everything) -> the producer
   stops, the state is kept *dormant*; if the partition comes back it only replays what others
   committed meanwhile, otherwise it is closed.
@@ -56,6 +61,7 @@ from qim.agents.writer.restore import restore_partition
 from qim.agents.writer.txn import OwnedPartition, SelfFencedError, Topics
 from qim.agents.writer.user_quota import UserQuotaFollower
 from qim.core.conversation import WriterFencedError
+from qim.streams.producer import replaced_counter
 from qim.tables.message_store import MessageStore
 
 __all__ = ["ConversationWriterService"]
@@ -101,6 +107,7 @@ class ConversationWriterService(Service):
         self._semaphore = asyncio.Semaphore(options.restore_concurrency)
         self._assigned_at = 0.0
         self.metrics = WriterMetrics(self.registry, self.status)
+        self.producer_replaced = replaced_counter(self.registry, "conversation")
         self.quota = UserQuotaFollower(
             options.bootstrap, options.user_quota_topic, options.mailbox_shard_count
         )
@@ -220,17 +227,25 @@ class ConversationWriterService(Service):
             except (ProducerFenced, WriterFencedError) as exc:
                 log.warning("p%d fenced: %s; waiting for the group to reassign", tp.partition, exc)
                 self.counters["fenced"] += 1
+                self._replaced(exc)
                 await self._give_up(owned, delay=self.options.session_timeout_ms / 1000)
             except SelfFencedError as exc:
                 log.warning("p%d: %s; transaction aborted", tp.partition, exc)
                 self.counters["self_fenced"] += 1
                 await self._give_up(owned, delay=_RETRY_S)
-            except Exception:
+            except Exception as exc:
                 log.exception("p%d: transaction failed; restoring the partition", tp.partition)
                 self.counters["failed"] += 1
+                self._replaced(exc)
                 await self._give_up(owned, delay=_RETRY_S)
         if self._owned.get(tp.partition) is owned and not self.should_stop:
             self._resume(tp.partition)  # else given up or revoked: the restore resumes it
+
+    def _replaced(self, exc: BaseException) -> None:
+        """A transaction failed: its producer is closed, the restore makes a fenced new one."""
+        if isinstance(exc, WriterFencedError):
+            return  # the log's fencing epoch, not the producer
+        self.producer_replaced.labels(producer="writer", reason=type(exc).__name__).inc()
 
     async def _give_up(self, owned: OwnedPartition, *, delay: float) -> None:
         """Stop serving a partition whose in-memory state may be ahead of the log."""

@@ -10,7 +10,17 @@ in order into each partition (idempotence keeps retries from reordering them).
 
 Back-pressure: at most ``max_queued`` records wait for the producer; beyond that ``submit``
 refuses at once and the caller answers an error with ``retry_after_ms`` rather than letting
-memory grow while Kafka is away.
+memory grow while Kafka is away. :meth:`RequestForwarder.drain_ms` says how long the queue
+takes to reach Kafka at the rate of the last second's hand-overs (None when nothing was handed
+over: Kafka is not taking records), so that hint is measured, not guessed.
+
+After a broker restart: the producer is a :class:`~qim.streams.producer.RecoveringProducer`
+(idempotent, ``resend=True``). An idempotent producer a restart left with a sequence gap
+(``OutOfOrderSequenceNumber`` on every later record of a partition) is replaced and the records
+that failed are sent again, in their order, before any later one; the caller's ``done`` hears
+only the final outcome. Re-sending is safe for everything this queue carries: a send is
+deduplicated by its ``client_message_id`` (ClientDedup), reads are reads, recalls and
+user-state commands are idempotent, and any of them is what the client's own retry would send.
 
 The partition count is checked against the topic at start: a gateway that hashed conversations
 over another count than the topic has would route them to the wrong ConversationWriter. The
@@ -22,14 +32,19 @@ producer connection set, not one per topic.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import functools
 import logging
+import math
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from aiokafka import AIOKafkaProducer
+
+from qim.streams.producer import RecoveringProducer
 
 __all__ = [
     "Delivered",
@@ -76,18 +91,30 @@ class RequestProducer(Protocol):
 
 
 def kafka_request_producer(
-    bootstrap: str, *, linger_ms: int = 2, request_timeout_ms: int = 10_000, client_id: str = ""
+    bootstrap: str,
+    *,
+    linger_ms: int = 2,
+    request_timeout_ms: int = 10_000,
+    client_id: str = "",
+    on_replaced: Callable[[str], None] | None = None,
 ) -> RequestProducer:
-    """An idempotent ``acks=all`` producer: a request is only "sent" once it is durable."""
-    producer: RequestProducer = AIOKafkaProducer(
-        bootstrap_servers=bootstrap,
-        client_id=client_id or "qim-requests",
-        acks="all",
-        enable_idempotence=True,
-        linger_ms=linger_ms,
-        request_timeout_ms=request_timeout_ms,
+    """An idempotent ``acks=all`` producer: a request is only "sent" once it is durable. It
+    replaces itself when a broker restart left it unusable (module docstring); ``on_replaced``
+    counts that (``qim_gateway_producer_replaced_total``)."""
+
+    def make() -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            client_id=client_id or "qim-requests",
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=linger_ms,
+            request_timeout_ms=request_timeout_ms,
+        )
+
+    return RecoveringProducer(
+        make, name="requests", idempotent=True, resend=True, on_replaced=on_replaced
     )
-    return producer
 
 
 async def check_partition_count(
@@ -105,6 +132,9 @@ async def check_partition_count(
             f"{topic} has {len(partitions)} partitions but {setting} is {expected}: requests "
             f"would reach the wrong {owner}; fix the setting (QIM_{setting.upper()}) or the topic"
         )
+
+
+_RATE_WINDOW_S = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +155,11 @@ class RequestForwarder:
         *,
         max_queued: int = 10_000,
         extra_topics: Mapping[str, tuple[int, str, str]] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``extra_topics``: topic -> (partition count, setting name, consumer) of the other
-        topics ``submit(..., topic=)`` may name, checked at start like ``topic``."""
+        topics ``submit(..., topic=)`` may name, checked at start like ``topic``; ``clock``
+        (seconds) times the hand-over rate of :meth:`drain_ms`."""
         if partition_count < 1 or max_queued < 1:
             raise ValueError("partition_count and max_queued must be positive")
         self.topic = topic
@@ -137,10 +169,32 @@ class RequestForwarder:
         self._producer = producer
         self._queue: asyncio.Queue[_Item | None] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None
+        self._handed: collections.deque[float] = collections.deque()  # for drain_ms
+        self._clock = clock
 
     @property
     def queued(self) -> int:
         return self._queue.qsize()
+
+    def drain_ms(self) -> int | None:
+        """How long the queued records take to reach the producer at the rate of the last
+        second's hand-overs; None when nothing was handed over in the last second (Kafka is not
+        taking records, so no time can be promised)."""
+        rate = self._prune(self._clock()) / _RATE_WINDOW_S
+        if rate <= 0:
+            return None
+        return math.ceil(1000 * (self._queue.qsize() + 1) / rate)
+
+    def _prune(self, now: float) -> int:
+        handed = self._handed
+        while handed and handed[0] < now - _RATE_WINDOW_S:
+            handed.popleft()
+        return len(handed)
+
+    def _count_handed(self) -> None:
+        now = self._clock()
+        self._handed.append(now)
+        self._prune(now)
 
     async def start(self) -> None:
         await self._producer.start()
@@ -197,6 +251,7 @@ class RequestForwarder:
             except Exception as exc:  # metadata timeout, record too large, producer closed
                 _report(item.done, exc)
                 continue
+            self._count_handed()
             future.add_done_callback(functools.partial(_delivered, done=item.done))
 
 

@@ -81,7 +81,7 @@ class RoutingMetrics:
         )  # fmt: skip
         self.failed = Counter(
             "qim_gateway_requests_failed_total",
-            "requests not produced (Kafka error or full queue), answered REGION_FAILOVER",
+            "requests not produced (Kafka error or full queue), answered RATE_LIMITED",
             ["kind", "reason"], registry=r,
         )  # fmt: skip
         self.unrouted = Counter(

@@ -9,12 +9,20 @@ its Kafka transaction, so SEND_ACK is only ever seen once the message is durable
 writer's acknowledgements never surface; direction.md §4.6), and is written to the connection
 whose ``session_epoch`` matches (:mod:`~qim.gateway.routing.replies`).
 
-A request that cannot be produced (Kafka unreachable, the queue full) is answered at once with
-``ERROR{REGION_FAILOVER, retry_after_ms}``: the conversation's writer cannot be reached from
-here, which is what A.6 #7 names, and it gives the client the right retry (§19.2.4: keep the
-message pending, back off, resend with the same client_message_id - ClientDedup makes a
-request that did land harmless). RATE_LIMITED would blame the user for an outage and count
-toward ``send_reject_total{RATE_LIMITED}``'s user-pressure alert (§24.1.2).
+A request that cannot be produced is answered at once with ``ERROR{RATE_LIMITED,
+retry_after_ms}`` (decision, topology.md): A.6 #7 REGION_FAILOVER says the conversation's Home
+Region is switching, which a full queue on this node or a broker that is restarting is not;
+what the spec prescribes for an unavailable log partition is "senders get RATE_LIMITED or
+queue" (26.8), and RATE_LIMITED's client action (back off per ``retry_after_ms``, then resend
+with the same client_message_id, 20.4.1) is what this needs. The hint is truthful: with the
+queue full it is the time the queue takes to reach Kafka at its measured rate
+(``RequestForwarder.drain_ms``); when Kafka took nothing in the last second, or a produce
+failed, no rate can be measured and it is ``region_failover_retry_after_ms`` (B.5.3, the
+spec's value for a writer that is temporarily unreachable), ±30 % jitter either way. The
+``detail`` names the cause, ``qim_gateway_requests_failed_total{reason}`` counts it
+(``queue_full`` / ``kafka``). Most broker blips never reach the client: the forwarder queues
+while Kafka is away, and a producer a restart left unusable is replaced and its records sent
+again (``forwarder``).
 
 With ``mailbox_sync`` the same forwarder and reader also carry login sync
 (:class:`~qim.gateway.routing.mailbox_requests.MailboxRequests`): PULL_MAILBOX goes to
@@ -63,6 +71,7 @@ from qim.schemas.records.push import (
     decode_to_gateway,
     encode_push_record,
 )
+from qim.streams.producer import replaced_counter
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig
@@ -235,14 +244,20 @@ class ConversationRouter:
         self._pending.pop(key, None)
         self.metrics.failed.labels(kind=routed.kind, reason=reason).inc()
         if routed.kind == "send":
-            self.metrics.send_reject.labels(code=ErrorCode.REGION_FAILOVER.name).inc()
+            self.metrics.send_reject.labels(code=ErrorCode.RATE_LIMITED.name).inc()
         if conn.closing or conn.session.closed:
             return
         rid = key[-1]
+        drain_ms = self.forwarder.drain_ms() if reason == "queue_full" else None
+        detail = (
+            "gateway request queue full"
+            if reason == "queue_full"
+            else "commit log temporarily unavailable"
+        )
         error = Error(
-            code=int(ErrorCode.REGION_FAILOVER),
-            retry_after_ms=jittered(self._retry_after_ms),
-            detail="conversation temporarily unreachable",
+            code=int(ErrorCode.RATE_LIMITED),
+            retry_after_ms=jittered(drain_ms if drain_ms is not None else self._retry_after_ms),
+            detail=detail,
             request_id=rid,
         )
         conn.apply([Send(error, request_id=rid, version=conn.session.version)])
@@ -361,8 +376,12 @@ def build_router(
     for tests, the default an idempotent ``acks=all`` Kafka producer."""
     assert config.kafka_bootstrap is not None  # GatewayConfig checks it
     if producer is None:
+        replaced = replaced_counter(metrics_registry, "gateway")
         producer = kafka_request_producer(
-            config.kafka_bootstrap, linger_ms=config.request_linger_ms, client_id=config.node_id
+            config.kafka_bootstrap,
+            linger_ms=config.request_linger_ms,
+            client_id=config.node_id,
+            on_replaced=lambda reason: replaced.labels(producer="requests", reason=reason).inc(),
         )
     settings = config.settings
     extra = {}

@@ -2,7 +2,9 @@
 
 Invariants: a request leaves through the producer at its conversation's partition without the
 connection waiting on Kafka (other frames are answered meanwhile); a produce failure or a full
-queue answers ERROR{REGION_FAILOVER, retry_after_ms} (A.6 #7, §19.2.4); a reply reaches only
+queue answers ERROR{RATE_LIMITED, retry_after_ms} (26.8 "senders get RATE_LIMITED or queue";
+REGION_FAILOVER is a Home Region switch, A.6 #7), the hint measured from the queue's drain rate
+when there is one; a reply reaches only
 the connection whose session_epoch it names (§15.2.2); unknown record kinds are counted, never
 fatal (§27.2.1).
 """
@@ -10,15 +12,18 @@ fatal (§27.2.1).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from typing import Any
 
 from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
 from qim.gateway.node import ConnectionNode, wall_clock_ms
 from qim.gateway.presence_writer import MemoryPresence
+from qim.gateway.routing.forwarder import RequestForwarder
 from qim.gateway.routing.replies import ReplyVerdict
 from qim.gateway.routing.router import ConversationRouter
 from qim.gateway.transport.connection import Connection
@@ -223,7 +228,7 @@ async def test_the_connection_keeps_answering_while_kafka_has_not_acknowledged()
         assert h.router.in_flight == 3
 
 
-async def test_a_produce_failure_answers_region_failover_with_retry_after() -> None:
+async def test_a_produce_failure_answers_rate_limited_with_the_configured_retry_after() -> None:
     async with harness(FakeProducer(fail=ConnectionError("broker down"))) as h:
         conn, pipe = await h.online()
         conn.feed_message(
@@ -231,14 +236,16 @@ async def test_a_produce_failure_answers_region_failover_with_retry_after() -> N
         )
         await wait_until(lambda: any(isinstance(b, Error) for b in pipe.bodies()))
         error = pipe.bodies()[-1]
-        assert isinstance(error, Error) and error.code == int(ErrorCode.REGION_FAILOVER)
+        assert isinstance(error, Error) and error.code == int(ErrorCode.RATE_LIMITED)
+        assert error.detail == "commit log temporarily unavailable"
         assert error.request_id == 7 and pipe.frames[-1].header.request_id == 7
+        # no drain rate can be measured: region_failover_retry_after_ms (2000) ±30 %
         assert error.retry_after_ms is not None and 1400 <= error.retry_after_ms <= 2600
-        assert sample(h.node, "send_reject_total", code="REGION_FAILOVER") == 1
+        assert sample(h.node, "send_reject_total", code="RATE_LIMITED") == 1
         assert sample(h.node, "qim_gateway_requests_failed_total", kind="send", reason="kafka") == 1
 
 
-async def test_a_full_queue_refuses_at_once_instead_of_growing() -> None:
+async def test_a_full_queue_refuses_at_once_with_rate_limited_instead_of_growing() -> None:
     gate = asyncio.Event()
     async with harness(FakeProducer(gate=gate), max_queued_requests=1) as h:
         conn, pipe = await h.online()
@@ -254,7 +261,9 @@ async def test_a_full_queue_refuses_at_once_instead_of_growing() -> None:
         await wait_until(lambda: any(isinstance(b, Error) for b in pipe.bodies()))
         (error,) = [f for f in pipe.frames if isinstance(f.body, Error)]
         assert error.header.request_id == 3
-        assert isinstance(error.body, Error) and error.body.code == int(ErrorCode.REGION_FAILOVER)
+        assert isinstance(error.body, Error) and error.body.code == int(ErrorCode.RATE_LIMITED)
+        assert error.body.detail == "gateway request queue full"
+        assert error.body.retry_after_ms is not None and error.body.retry_after_ms > 0
         gate.set()
         await wait_until(lambda: len(h.producer.sent) == 2)
 
@@ -313,3 +322,31 @@ async def test_unknown_record_kinds_are_counted_and_the_stream_goes_on() -> None
         assert sample(h.node, "qim_gateway_to_gateway_records_total", **labels) == 1
         labels = {"kind": "push_batch", "result": "malformed"}
         assert sample(h.node, "qim_gateway_to_gateway_records_total", **labels) == 1
+
+
+async def test_the_forwarders_drain_hint_is_the_queue_over_the_measured_hand_over_rate() -> None:
+    gate = asyncio.Event()
+    gate.set()
+    producer = FakeProducer(gate=gate)
+    now = [100.0]
+    forwarder = RequestForwarder(producer, "requests", COUNT, max_queued=100, clock=lambda: now[0])
+    await forwarder.start()
+    try:
+        assert forwarder.drain_ms() is None  # nothing handed over yet: no rate, no promise
+        outcomes: list[BaseException | None] = []
+        routed = SimpleNamespace(key=b"k", value=b"v", partition=0)
+        for _ in range(50):
+            assert forwarder.submit(routed, outcomes.append)
+        await wait_until(lambda: len(outcomes) == 50)
+        gate.clear()  # Kafka stops taking records; ten more wait in the queue
+        for _ in range(11):
+            assert forwarder.submit(routed, outcomes.append)
+        await wait_until(lambda: forwarder.queued == 10)
+        hint = forwarder.drain_ms()
+        # 50 hand-overs within the last second (the 51st is held in send): (10 + 1) / 50 per s
+        assert hint == math.ceil(1000 * 11 / 50)
+        now[0] += 1.5  # a second and a half without a hand-over: no rate to promise
+        assert forwarder.drain_ms() is None
+    finally:
+        gate.set()
+        await forwarder.stop()
