@@ -16,6 +16,7 @@ from qim.admin.cli import admin, group
 from qim.admin.user_show import user
 from qim.auth.cli import token
 from qim.bench.cli import bench
+from qim.chaos.cli import chaos
 from qim.devstack.stack import Stack
 from qim.gateway.cli import gateway
 
@@ -323,6 +324,7 @@ main.add_command(group)
 main.add_command(admin)
 main.add_command(user)
 main.add_command(bench)
+main.add_command(chaos)
 
 if __name__ == "__main__":
     main()

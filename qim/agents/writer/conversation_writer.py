@@ -245,7 +245,9 @@ class ConversationWriterService(Service):
         """A transaction failed: its producer is closed, the restore makes a fenced new one."""
         if isinstance(exc, WriterFencedError):
             return  # the log's fencing epoch, not the producer
-        self.producer_replaced.labels(producer="writer", reason=type(exc).__name__).inc()
+        reason = type(exc).__name__
+        log.warning("Kafka producer unusable (%s): the partition's restore replaces it", reason)
+        self.producer_replaced.labels(producer="writer", reason=reason).inc()
 
     async def _give_up(self, owned: OwnedPartition, *, delay: float) -> None:
         """Stop serving a partition whose in-memory state may be ahead of the log."""

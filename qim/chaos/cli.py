@@ -1,0 +1,122 @@
+"""``qim chaos ...``: faults under load against the local stack (``qim up``) or another stack
+folder (``--run-dir``). Each command prints its progress, writes
+``<out>/<scenario>-<UTC>.json`` and a ``.md`` beside it, and exits 1 when the run failed its
+checks. Issue 25 adds more commands (process kills, pauses, a full disk) to this group."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from qim.bench.report import Column, markdown_table, stamp
+from qim.chaos.broker_restart import BrokerRestartParams, run_broker_restart
+from qim.devstack.stack import ROOT, Stack, StackConfig
+
+__all__ = ["chaos", "write_report"]
+
+_PARTITION_COLUMNS = [
+    Column("partition", "partition"),
+    Column("serving", "serving"),
+    Column("attempts", "attempts"),
+    Column("seconds", "seconds"),
+    Column("errors", "errors"),
+]
+
+
+def write_report(out_dir: Path, report: dict[str, Any]) -> tuple[Path, Path]:
+    """The report as JSON (everything) and markdown (headline, partitions, counters)."""
+    when = stamp()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    base = out_dir / f"{report['scenario']}-{when}"
+    json_path, md_path = base.with_suffix(".json"), base.with_suffix(".md")
+    json_path.write_text(json.dumps({"utc": when, **report}, indent=2) + "\n")
+    lines = [f"# qim chaos {report['scenario']} ({when})", "", f"**{report['headline']}**", ""]
+    lines += ["Every conversation partition after the last restart:", ""]
+    lines += [markdown_table(_PARTITION_COLUMNS, report["partitions"])]
+    delivery, load = report["delivery"], report["load"]
+    lines += [
+        f"Load: {load['sent']} sent, {load['acked']} acked, {load['not_acked']} not acked "
+        f"within the retry budget, {load['attempts']} attempts, {load['reconnects']} "
+        f"reconnects; retries by code: {load['retry_codes'] or '-'}.",
+        "",
+        f"Delivery: {delivery['lost']} of {delivery['acked_expected']} acked messages missing "
+        f"from their recipient's mailbox, {delivery['duplicate_entries']} duplicate entries.",
+        "",
+        f"Producers replaced: {report['producers_replaced'] or 'none'} "
+        f"(log lines: {report['replacement_log_lines']}).",
+        "",
+        f"Faults: {report['faults']}.",
+        "",
+        f"Gateway RSS (bytes): {report['gateway_rss_bytes']}.",
+        "",
+    ]
+    md_path.write_text("\n".join(lines))
+    return json_path, md_path
+
+
+@click.group("chaos")
+@click.option(
+    "--run-dir",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=ROOT / ".run",
+    show_default=True,
+    help="The stack folder (`qim up` uses .run).",
+)
+@click.option(
+    "--out",
+    type=click.Path(path_type=Path, file_okay=False),
+    default=ROOT / "bench" / "results",
+    show_default=True,
+)
+@click.pass_context
+def chaos(ctx: click.Context, run_dir: Path, out: Path) -> None:
+    """Inject faults into the running local stack under a steady SDK load."""
+    ctx.obj = (Stack(StackConfig(base_dir=run_dir)), out)
+
+
+@chaos.command("broker-restart")
+@click.option("--restarts", type=click.IntRange(min=1), default=3, show_default=True)
+@click.option("--down", "down_s", type=float, default=12.0, show_default=True, help="seconds")
+@click.option(
+    "--between", "between_s", type=float, default=15.0, show_default=True,
+    help="seconds of load before, between and after the restarts",
+)  # fmt: skip
+@click.option("--senders", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--lanes", type=click.IntRange(min=1), default=2, show_default=True)
+@click.option(
+    "--interval", "interval_s", type=float, default=0.5, show_default=True,
+    help="seconds between a lane's messages",
+)  # fmt: skip
+@click.option("--probe-budget", "probe_budget_s", type=float, default=120.0, show_default=True)
+@click.pass_obj
+def broker_restart(
+    obj: tuple[Stack, Path],
+    restarts: int,
+    down_s: float,
+    between_s: float,
+    senders: int,
+    lanes: int,
+    interval_s: float,
+    probe_budget_s: float,
+) -> None:
+    """Restart Kafka N times under load, then send to every conversation partition."""
+    stack, out = obj
+    params = BrokerRestartParams(
+        restarts=restarts,
+        down_s=down_s,
+        between_s=between_s,
+        senders=senders,
+        lanes_per_sender=lanes,
+        interval_s=interval_s,
+        probe_budget_s=probe_budget_s,
+    )
+    report = asyncio.run(run_broker_restart(stack, params, progress=click.echo))
+    json_path, md_path = write_report(out, report)
+    click.echo(md_path.read_text())
+    click.echo(f"wrote {json_path} and {md_path}")
+    sys.exit(0 if report["ok"] else 1)
