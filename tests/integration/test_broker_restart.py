@@ -13,18 +13,35 @@ Its own stack, not the session's: restarting the session broker would fail other
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import ProducerFenced
 
-from qim.chaos.broker_restart import BrokerRestartParams, run_broker_restart
+from qim.agents.writer.options import WriterOptions
+from qim.agents.writer.restore import fenced_producer
+from qim.bench.accounting import payload_for
+from qim.bench.target import Target
+from qim.chaos.broker_restart import (
+    BrokerRestartParams,
+    peers_per_partition,
+    replacement_counters,
+    run_broker_restart,
+)
 from qim.chaos.cli import write_report
+from qim.chaos.load import Sender
 from qim.devstack.stack import Stack, StackConfig
+from qim.streams import OUTBOX
 
 pytestmark = pytest.mark.integration
 
 RSS_GROWTH_BOUND = 96 * 1024 * 1024
+TRANSACTIONAL_PREFIX = WriterOptions.transactional_id_prefix
+PARTITIONS = StackConfig().partition_counts["conversation_partition_count"]
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +98,57 @@ async def test_after_broker_restarts_under_load_every_partition_serves_and_nothi
     rss = report["gateway_rss_bytes"]
     assert rss["before"] is not None and rss["after"] is not None
     assert rss["after"] <= rss["before"] + RSS_GROWTH_BOUND, context
+
+
+@pytest.mark.timeout(600)
+async def test_after_the_restarts_the_writers_restore_still_fences_a_former_producer(
+    own_stack: Stack,
+) -> None:
+    """A zombie with partition 0's transactional id (started after the restarts, so it fences
+    the live writer's producer) opens a transaction; the writer's next transaction fails, its
+    restore starts a new producer, and that InitProducerId must fence the zombie: its commit
+    fails and nothing it wrote is visible to read_committed readers."""
+    bootstrap = own_stack.cfg.kafka.bootstrap
+    zombie = await fenced_producer(
+        bootstrap, f"{TRANSACTIONAL_PREFIX}-0", transaction_timeout_ms=60_000, client_id="zombie"
+    )
+    try:
+        await zombie.begin_transaction()
+        await (await zombie.send(OUTBOX.name, b"zombie", key=b"zombie", partition=0))
+        target = Target.from_stack(own_stack.cfg)
+        sender = Sender(target, "chaos", "fence-s")
+        await sender.connect()
+        try:
+            peer = peers_per_partition("chaos", "fence-s", PARTITIONS, "fence-r")[0]
+            outcome = await sender.send(peer, "fence-probe", payload_for("fence-probe", 64), 150)
+        finally:
+            await sender.close()
+        assert outcome.acked, outcome  # partition 0 served again, by a restored writer
+        with pytest.raises(ProducerFenced):
+            await zombie.commit_transaction()
+    finally:
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(zombie.stop(), 10)
+    assert b"zombie" not in await committed_values(bootstrap, OUTBOX.name, 0)
+    writer = next(w for w in own_stack.cfg.workers if w.module == "qim.apps.conversation")
+    counters = replacement_counters({"c": f"http://127.0.0.1:{writer.web_port}/metrics"})
+    assert counters.get("c writer ProducerFenced", 0) >= 1, counters
+
+
+async def committed_values(bootstrap: str, topic: str, partition: int) -> list[bytes]:
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, enable_auto_commit=False, isolation_level="read_committed"
+    )
+    await consumer.start()
+    try:
+        tp = TopicPartition(topic, partition)
+        consumer.assign([tp])
+        end = (await consumer.end_offsets([tp]))[tp]  # the last stable offset
+        consumer.seek(tp, (await consumer.beginning_offsets([tp]))[tp])
+        values: list[bytes] = []
+        while await consumer.position(tp) < end:
+            for records in (await consumer.getmany(tp, timeout_ms=1000)).values():
+                values += [r.value for r in records]
+        return values
+    finally:
+        await consumer.stop()
