@@ -255,6 +255,9 @@ class RecoveringProducer:
             return  # given up on and sent again (or failed) by a replacement
         del self._inflight[pending.seq]
         self._changed.set()
+        if inner.cancelled():
+            pending.outer.cancel()
+            return
         if exc is None:
             if not pending.outer.done():
                 pending.outer.set_result(inner.result())
@@ -269,8 +272,6 @@ class RecoveringProducer:
         self._replace(generation, type(exc).__name__)
 
     def _unusable(self, exc: BaseException, generation: int) -> bool:
-        if isinstance(exc, asyncio.CancelledError):
-            return False
         if self.idempotent or isinstance(exc, FATAL):
             return True
         return generation == self._generation and sender_stopped(self._producer)
