@@ -20,9 +20,11 @@ queue full it is the time the queue takes to reach Kafka at its measured rate
 failed, no rate can be measured and it is ``region_failover_retry_after_ms`` (B.5.3, the
 spec's value for a writer that is temporarily unreachable), ±30 % jitter either way. The
 ``detail`` names the cause, ``qim_gateway_requests_failed_total{reason}`` counts it
-(``queue_full`` / ``kafka``). Most broker blips never reach the client: the forwarder queues
-while Kafka is away, and a producer a restart left unusable is replaced and its records sent
-again (``forwarder``).
+(``queue_full`` / ``kafka``) so an outage or an overloaded node is told apart from user
+pressure, which ``send_reject_total{RATE_LIMITED}`` (24.1.2, alert above 1 % of sends) now
+also carries -- an outage should page too. Most broker blips never reach the client: the
+forwarder queues while Kafka is away, and a producer a restart left unusable is replaced and
+its records sent again (``forwarder``).
 
 With ``mailbox_sync`` the same forwarder and reader also carry login sync
 (:class:`~qim.gateway.routing.mailbox_requests.MailboxRequests`): PULL_MAILBOX goes to
