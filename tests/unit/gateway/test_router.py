@@ -4,7 +4,8 @@ Invariants: a request leaves through the producer at its conversation's partitio
 connection waiting on Kafka (other frames are answered meanwhile); a produce failure or a full
 queue answers ERROR{RATE_LIMITED, retry_after_ms} (26.8 "senders get RATE_LIMITED or queue";
 REGION_FAILOVER is a Home Region switch, A.6 #7), the hint measured from the queue's drain rate
-when there is one; a reply reaches only
+when there is one, and a delivery that left the producer unusable is sent again by its
+replacement instead of reaching the client (issue 15); a reply reaches only
 the connection whose session_epoch it names (§15.2.2); unknown record kinds are counted, never
 fatal (§27.2.1).
 """
@@ -19,11 +20,13 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
+from aiokafka.errors import OutOfOrderSequenceNumber
+
 from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
 from qim.gateway.node import ConnectionNode, wall_clock_ms
 from qim.gateway.presence_writer import MemoryPresence
-from qim.gateway.routing.forwarder import RequestForwarder
+from qim.gateway.routing.forwarder import RequestForwarder, RequestProducer
 from qim.gateway.routing.replies import ReplyVerdict
 from qim.gateway.routing.router import ConversationRouter
 from qim.gateway.transport.connection import Connection
@@ -52,6 +55,7 @@ from qim.schemas.records.requests import (
     decode_conversation_request,
     encode_record,
 )
+from qim.streams.producer import RecoveringProducer
 from tests.gateway_support import wait_until
 
 COUNT = 16
@@ -147,7 +151,13 @@ class Harness:
 
 
 @asynccontextmanager
-async def harness(producer: FakeProducer | None = None, **config: Any) -> AsyncIterator[Harness]:
+async def harness(
+    producer: FakeProducer | None = None,
+    *,
+    request_producer: RequestProducer | None = None,
+    **config: Any,
+) -> AsyncIterator[Harness]:
+    """``request_producer`` (default: ``producer``) is what the node produces through."""
     producer = producer or FakeProducer()
     auth = MemoryAuthenticator()
     cfg = GatewayConfig(
@@ -158,7 +168,9 @@ async def harness(producer: FakeProducer | None = None, **config: Any) -> AsyncI
         settings=Settings.load(env={}),
         **config,
     )
-    node = ConnectionNode(cfg, auth, presence=MemoryPresence(), request_producer=producer)
+    node = ConnectionNode(
+        cfg, auth, presence=MemoryPresence(), request_producer=request_producer or producer
+    )
     await node.start()
     h = Harness(node, auth, producer)
     try:
@@ -350,3 +362,33 @@ async def test_the_forwarders_drain_hint_is_the_queue_over_the_measured_hand_ove
     finally:
         gate.set()
         await forwarder.stop()
+
+
+async def test_a_send_that_broke_the_producer_is_sent_again_and_acked_without_an_error() -> None:
+    """Issue 15: the delivery that shows an idempotent producer's sequence gap does not reach
+    the client; the replaced producer sends the same request again and the SEND_ACK follows."""
+    made: list[FakeProducer] = []
+
+    def factory() -> FakeProducer:
+        made.append(FakeProducer(fail=OutOfOrderSequenceNumber() if not made else None))
+        return made[-1]
+
+    recovering = RecoveringProducer(
+        factory, name="requests", idempotent=True, resend=True, backoff_s=(0.001, 0.01)
+    )
+    async with harness(request_producer=recovering) as h:
+        conn, pipe = await h.online()
+        conn.feed_message(
+            encode_frame(SendMessage(client_message_id="m", conversation_id="g:a"), 7)
+        )
+        await wait_until(
+            lambda: sample(h.node, "qim_gateway_requests_forwarded_total", kind="send") == 1
+        )
+        assert len(made) == 2 and recovering.replacements == 1
+        assert [v for _, _, v, _ in made[0].sent] == [v for _, _, v, _ in made[1].sent]
+        assert not any(isinstance(b, Error) for b in pipe.bodies())
+        request = decode_conversation_request(made[1].sent[0][2])
+        assert isinstance(request, SendRequest)
+        assert h.router.deliver(encode_record(ack_for(request))) is ReplyVerdict.DELIVER
+        await wait_until(lambda: any(isinstance(b, SendAck) for b in pipe.bodies()))
+        assert sample(h.node, "qim_gateway_requests_failed_total", kind="send", reason="kafka") == 0
