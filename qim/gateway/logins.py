@@ -203,6 +203,8 @@ class LoginFlow:
                 sync=sync,
             )
         )
+        if conn.session.grant is not None and not conn.session.closed:
+            conn.authenticated()  # before AUTH_OK's bytes leave: the next frame may be large
         self.metrics.on_auth("ok", latency_ms=now - started_ms)
         self.metrics.ping_interval.observe(conn.session.config.next_ping_interval_ms)
 

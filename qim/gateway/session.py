@@ -110,6 +110,8 @@ class Session(SessionPushes):
         self.close_reason: CloseReason | None = None
         self._machine = ConnStateMachine()
         self._decoder = FrameDecoder(Role.SERVER, limits=config.limits)
+        # Until AUTH_OK at most one AUTH-sized frame is held (issue 15.2, spec 20.1).
+        self._decoder.restrict(config.limits.pre_auth_max_frame_bytes)
         self._auth_request_id = 0
         self._frag_since_ms: int | None = None
 
@@ -240,6 +242,7 @@ class Session(SessionPushes):
             self.grant = replace(self.grant, token_expires_at_ms=exp)
         else:
             self.grant, self.lane_id = grant, lane_id
+            self._decoder.lift()
             if sync is not None:
                 self.sync, self.lane_id = LoginBarrier(sync), sync.lane_id
                 self.last_pushed_user_seq = sync.sync_to_seq

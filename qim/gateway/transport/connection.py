@@ -104,6 +104,7 @@ class Connection:
         self.session = session
         self.transport = transport
         self.peer_ip = peer_ip
+        self.on_authenticated: Callable[[], None] | None = None  # set by the driver
         self.outbound = OutboundQueue()
         self.inflight = InFlight()
         self.scheduled_ms: int | None = None  # the timing-wheel deadline it sits at
@@ -134,6 +135,13 @@ class Connection:
         return f"<Connection {self.conn_id} {self.session.state.name} {self.peer_ip}>"
 
     # -- driver side ----------------------------------------------------------------------------
+
+    def authenticated(self) -> None:
+        """AUTH_OK was decided: the driver may now accept full-size messages (before it,
+        ``on_authenticated`` keeps its own inbound limit at one AUTH frame, issue 15.2)."""
+        hook, self.on_authenticated = self.on_authenticated, None
+        if hook is not None:
+            hook()
 
     def feed_message(self, message: bytes) -> None:
         self.apply(self.session.receive_message(message, self._clock_ms()))

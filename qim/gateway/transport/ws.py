@@ -20,6 +20,7 @@ from qim.gateway.actions import CloseReason
 from qim.gateway.transport.connection import Connection
 from qim.gateway.transport.tcp import limit_send_buffer
 from qim.gateway.transport.tls import ALPN_HTTP, server_context
+from qim.schemas.frames.header import HEADER_SIZE
 
 if TYPE_CHECKING:
     from qim.gateway.node import ConnectionNode
@@ -61,6 +62,8 @@ async def start_ws_server(node: ConnectionNode) -> Server:
     if cfg.certfile is not None and cfg.keyfile is not None:
         ssl_ctx = server_context(cfg.certfile, cfg.keyfile, [ALPN_HTTP])
 
+    pre_auth_bytes = HEADER_SIZE + cfg.session_config().limits.pre_auth_max_frame_bytes
+
     def process_request(ws: ServerConnection, request: Request) -> Response | None:
         if node.check(_peer_ip(ws)):
             return None
@@ -71,6 +74,15 @@ async def start_ws_server(node: ConnectionNode) -> Server:
         node.acquire(peer)
         limit_send_buffer(ws.transport.get_extra_info("socket"), cfg.socket_send_buffer_bytes)
         conn = node.attach(WsTransport(ws), peer)
+        # Before AUTH_OK websockets itself may hold no more than one AUTH frame: a larger
+        # message is refused while it is read (close 1009), never buffered (issue 15.2).
+        protocol = ws.protocol
+        protocol.max_message_size = pre_auth_bytes
+
+        def lift() -> None:
+            protocol.max_message_size = cfg.max_message_bytes
+
+        conn.on_authenticated = lift
 
         async def read(c: Connection) -> None:
             try:

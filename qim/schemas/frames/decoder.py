@@ -120,6 +120,24 @@ class FrameDecoder:
         self._header: FrameHeader | None = None
         self._failed: HeaderError | None = None
         self._partial: dict[int, _Reassembly] = {}
+        self._cap = limits.max_frame_bytes
+        self._max_streams = limits.max_reassembly_streams
+
+    def restrict(self, max_frame_bytes: int) -> None:
+        """Until :meth:`lift`: one reassembly at most, no body or reassembly above
+        ``max_frame_bytes`` (the server before AUTH_OK: ``Limits.pre_auth_max_frame_bytes``)."""
+        self._cap = min(max_frame_bytes, self.limits.max_frame_bytes)
+        self._max_streams = 1
+
+    def lift(self) -> None:
+        """Back to the full ``Limits`` (after AUTH_OK)."""
+        self._cap = self.limits.max_frame_bytes
+        self._max_streams = self.limits.max_reassembly_streams
+
+    @property
+    def max_frame_bytes(self) -> int:
+        """The largest body or reassembly accepted now."""
+        return self._cap
 
     @property
     def buffered_bytes(self) -> int:
@@ -193,11 +211,12 @@ class FrameDecoder:
 
     def _admit(self, raw_header: bytes) -> FrameHeader:
         """Check a header before its body is awaited, including the reassembly budget."""
-        header = decode_header(raw_header, max_frame_bytes=self.limits.max_frame_bytes)
+        cap = self._cap
+        header = decode_header(raw_header, max_frame_bytes=cap)
         partial = self._partial.get(header.stream_id)
-        if partial is not None and partial.size + header.body_len > self.limits.max_frame_bytes:
+        if partial is not None and partial.size + header.body_len > cap:
             raise FrameTooLarge(
-                f"reassembled body would exceed max_frame_bytes {self.limits.max_frame_bytes}",
+                f"reassembled body would exceed max_frame_bytes {cap}",
                 request_id=header.request_id,
                 opcode=header.opcode,
             )
@@ -210,9 +229,9 @@ class FrameDecoder:
         if partial is None:
             if not more:
                 return self._decode(header, body)
-            if len(self._partial) >= self.limits.max_reassembly_streams:
+            if len(self._partial) >= self._max_streams:
                 raise FragmentError(
-                    f"more than {self.limits.max_reassembly_streams} concurrent reassemblies",
+                    f"more than {self._max_streams} concurrent reassemblies",
                     request_id=header.request_id,
                     opcode=header.opcode,
                 )

@@ -32,6 +32,11 @@ class Limits:
     # Concurrent fragment reassemblies per connection (one per stream); A.5 defines 4 streams,
     # headroom for vendor streams. Bounds decoder memory at this many x max_frame_bytes.
     max_reassembly_streams: int = 8
+    # Before AUTH_OK nothing beyond one AUTH frame is buffered (spec 20.1: limits are judged
+    # before buffering): a frame body, or a reassembly of fragments, above this closes the
+    # connection, and only one reassembly may be open. Not an App. B row: an AUTH carries a
+    # token, a device id and a cursor, a few KiB (topology.md, decision on pre-AUTH memory).
+    pre_auth_max_frame_bytes: int = 16 * 1024
 
 
 DEFAULT_LIMITS: Final = Limits()
