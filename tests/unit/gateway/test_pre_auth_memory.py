@@ -9,8 +9,9 @@ from __future__ import annotations
 from qim.gateway.actions import Action, Close
 from qim.gateway.session import Session
 from qim.schemas.frames import SendMessage, encode_fragments
-from qim.schemas.frames.decoder import FrameDecoder, Role
+from qim.schemas.frames.decoder import FrameDecoder
 from qim.schemas.frames.exceptions import FragmentError, FrameTooLarge
+from qim.schemas.frames.opcodes import Role
 from tests.unit.gateway.session_support import CFG, T0, auth_frame, online
 
 PRE_AUTH = CFG.limits.pre_auth_max_frame_bytes
