@@ -32,7 +32,9 @@ def default_partition_counts() -> dict[str, int]:
     """Partition counts of the declared topics: the shard counts come from qim.params."""
     params = Settings.load()
     return {
-        "conversation_partition_count": CONVERSATION_PARTITION_COUNT,
+        "conversation_partition_count": int(
+            os.environ.get("QIM_CONVERSATION_PARTITION_COUNT", CONVERSATION_PARTITION_COUNT)
+        ),
         "mailbox_shard_count": params.mailbox_shard_count,
         "connection_shard_count": params.connection_shard_count,
         "single_partition": 1,

@@ -16,6 +16,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
 
 from qim.core.fanout import FanoutConfig
 from qim.params import Settings
+from qim.streams.fetching import hot_fetch
 from qim.streams.topics import DISPATCH, OUTBOX, WRITER_SNAPSHOTS
 
 __all__ = ["GROUP_ID", "FanoutOptions"]
@@ -94,5 +95,5 @@ class FanoutOptions:
             session_timeout_ms=self.session_timeout_ms,
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             metadata_max_age_ms=5000,
-            fetch_max_wait_ms=100,  # an OffsetFetch queues behind a long-polling fetch
+            **hot_fetch(),  # short waits: an OffsetFetch queues behind a long-polling fetch
         )

@@ -39,6 +39,7 @@ from qim.core.mailbox import FIRST_SHARD_EPOCH, MailboxConfig
 from qim.core.sync import CursorKey, CursorKeyRing, PullLimits
 from qim.params import Settings
 from qim.schemas.seqs import MAX_EPOCH
+from qim.streams.fetching import hot_fetch
 from qim.streams.topics import DISPATCH, PRESENCE, TO_GATEWAY, USER_QUOTA, USER_REQUESTS
 
 __all__ = [
@@ -224,7 +225,7 @@ class MailboxOptions:
             heartbeat_interval_ms=self.heartbeat_interval_ms,
             partition_assignment_strategy=(assignor,),
             metadata_max_age_ms=5000,
-            fetch_max_wait_ms=100,
+            **hot_fetch(),
         )
 
     def presence_reader(self) -> AIOKafkaConsumer:

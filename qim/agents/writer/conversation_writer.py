@@ -46,7 +46,7 @@ import logging
 import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalStateError, ProducerFenced
 from mode import Service
@@ -61,7 +61,8 @@ from qim.agents.writer.restore import restore_partition
 from qim.agents.writer.txn import OwnedPartition, SelfFencedError, Topics
 from qim.agents.writer.user_quota import UserQuotaFollower
 from qim.core.conversation import WriterFencedError
-from qim.streams.producer import replaced_counter
+from qim.streams.fetching import hot_fetch
+from qim.streams.producer import RecoveringProducer, replaced_counter
 from qim.tables.message_store import MessageStore
 
 __all__ = ["ConversationWriterService"]
@@ -108,6 +109,7 @@ class ConversationWriterService(Service):
         self._assigned_at = 0.0
         self.metrics = WriterMetrics(self.registry, self.status)
         self.producer_replaced = replaced_counter(self.registry, "conversation")
+        self._replies: RecoveringProducer | None = None
         self.quota = UserQuotaFollower(
             options.bootstrap, options.user_quota_topic, options.mailbox_shard_count
         )
@@ -135,6 +137,25 @@ class ConversationWriterService(Service):
     async def on_start(self) -> None:
         opts = self.options
         self._topics, partitions = await describe_topics(opts)
+        # Replies leave after their transaction commits, all partitions through one producer
+        # (txn.OwnedPartition._reply): a resend after a replacement is a duplicate reply at
+        # worst, which the gateway drops (its request is no longer pending).
+        self._replies = RecoveringProducer(
+            lambda: AIOKafkaProducer(
+                bootstrap_servers=opts.bootstrap,
+                acks="all",
+                enable_idempotence=True,
+                linger_ms=1,
+                client_id=f"{opts.client_id}-replies",
+            ),
+            name="replies",
+            idempotent=True,
+            resend=True,
+            on_replaced=lambda reason: self.producer_replaced.labels(
+                producer="replies", reason=reason
+            ).inc(),
+        )
+        await self._replies.start()
         await self.quota.start()
         self._ctx = RequestContext(
             config=opts.config,
@@ -155,7 +176,7 @@ class ConversationWriterService(Service):
             heartbeat_interval_ms=opts.heartbeat_interval_ms,
             metadata_max_age_ms=5000,
             # a ListOffsets/OffsetFetch queues behind a long-polling fetch on its connection
-            fetch_max_wait_ms=100,
+            **hot_fetch(),
         )
         await consumer.start()
         self.lease.install(consumer)
@@ -174,6 +195,8 @@ class ConversationWriterService(Service):
         self._dormant.clear()
         if self._consumer is not None:
             await self._consumer.stop()
+        if self._replies is not None:
+            await self._replies.stop()
         await self.quota.stop()
 
     # -- the loop --------------------------------------------------------------------------------
@@ -347,6 +370,7 @@ class ConversationWriterService(Service):
                 lease_valid=self.lease.valid,
                 crash=opts.crash,
                 metrics=self.metrics,
+                reply_producer=self._replies,
             )
             tp = TopicPartition(opts.requests_topic, p)
             committed = await consumer.committed(tp)

@@ -144,10 +144,14 @@ class OwnedPartition:
         lease_valid: Callable[[], bool],
         crash: CrashHook,
         metrics: WriterMetrics | None = None,
+        reply_producer: Any = None,
     ) -> None:
+        """``reply_producer`` (non-transactional, shared by the process's partitions) sends the
+        replies after the commit; without one they ride the transaction (unit tests)."""
         self.writer = writer
         self.metrics = metrics
         self.producer = producer
+        self.reply_producer = reply_producer
         self.topics = topics
         self.group_id = group_id
         self.ctx = ctx
@@ -211,7 +215,7 @@ class OwnedPartition:
         started = time.perf_counter()
         await producer.begin_transaction()
         try:
-            appended = await self._send(plan)
+            appended = await self._send(plan, replies=self.reply_producer is None)
             self.crash("appended", armed)
             checkpointed = self._checkpoint_due()
             if checkpointed:
@@ -235,12 +239,16 @@ class OwnedPartition:
         if checkpointed:
             self.writer.debt = 0
             self.last_checkpoint = time.monotonic()
+        if self.reply_producer is not None:
+            await self._reply(plan)
         self.crash("committed", armed)
         self.writer.stored(appended)
         self.crash("stored", armed)
 
-    async def _send(self, plan: Plan) -> list[tuple[OutboxRecord, int]]:
-        """Produce the plan in decision order; returns the outbox records with their offsets."""
+    async def _send(self, plan: Plan, *, replies: bool) -> list[tuple[OutboxRecord, int]]:
+        """Produce the plan in decision order; returns the outbox records with their offsets.
+
+        ``replies``: the replies ride the transaction too (only without a reply producer)."""
         topics, p = self.topics, self.partition
         outbox = [
             await self._produce(
@@ -260,18 +268,54 @@ class OwnedPartition:
             )
             for member_slice in plan.slices
         ]
+        if replies:
+            others.extend(await self._replies(plan, self._produce))
+        metadata = await asyncio.gather(*outbox)
+        await asyncio.gather(*others)
+        return [(r, m.offset) for r, m in zip(plan.outbox, metadata, strict=True)]
+
+    async def _reply(self, plan: Plan) -> None:
+        """The replies of a committed batch, in decision order, acknowledged before returning.
+
+        Outside the transaction (issue 13): the transaction then touches the outbox partition,
+        the member slices' shards and the offsets, not one ``qim.to-gateway`` partition per
+        sender. A reply is sent only after its records are durable, so SEND_ACK still means a
+        committed record, and a fenced writer (whose commit failed) never replies. A crash
+        between the commit and the replies leaves the client to retry, which ClientDedup
+        answers with the first acknowledgement (spec 8.3).
+        """
+        producer = self.reply_producer
+
+        async def send(topic: str, value: bytes, key: bytes, partition: int) -> asyncio.Future[Any]:
+            future: asyncio.Future[Any] = await producer.send(
+                topic, value, key=key, partition=partition
+            )
+            future.add_done_callback(_retrieve)
+            return future
+
+        futures = await self._replies(plan, send)
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:  # the records are committed: the client's retry gets the same answer
+            log.warning("p%d: %d replies not delivered: %r", self.partition, len(failed), failed[0])
+
+    async def _replies(
+        self,
+        plan: Plan,
+        produce: Callable[[str, bytes, bytes, int], Any],
+    ) -> list[asyncio.Future[Any]]:
+        topics = self.topics
+        futures: list[asyncio.Future[Any]] = []
         for reply in plan.replies:
             if not 0 <= reply.partition < topics.to_gateway_partitions:
                 log.error("reply for connection_shard %d dropped: no such shard", reply.partition)
                 continue
             value = encode_record(reply)
-            others.append(await self._produce(topics.to_gateway, value, reply.key, reply.partition))
+            futures.append(await produce(topics.to_gateway, value, reply.key, reply.partition))
         for admin in plan.admin_replies:
             value = encode_record(admin)
-            others.append(await self._produce(topics.admin_replies, value, admin.key, 0))
-        metadata = await asyncio.gather(*outbox)
-        await asyncio.gather(*others)
-        return [(r, m.offset) for r, m in zip(plan.outbox, metadata, strict=True)]
+            futures.append(await produce(topics.admin_replies, value, admin.key, 0))
+        return futures
 
     async def _produce(
         self, topic: str, value: bytes, key: bytes, partition: int

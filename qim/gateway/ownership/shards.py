@@ -53,6 +53,7 @@ from qim.gateway.ownership.assignor import (
     encode_owner_map,
     next_seq,
 )
+from qim.streams.fetching import hot_fetch
 from qim.streams.topics import TO_GATEWAY
 
 log = logging.getLogger(__name__)
@@ -272,6 +273,7 @@ class ShardOwnership:
             # Writers reply inside Kafka transactions: only committed replies may reach a
             # client (SEND_ACK = durable; a fenced writer's acks never surface).
             isolation_level=self._isolation_level,
+            **hot_fetch(),
         )
         self._consumer = consumer
         try:
