@@ -20,7 +20,7 @@ from collections.abc import Callable
 from itertools import count
 
 from qim.core.push import BudgetDecision, FlowState
-from qim.gateway.actions import Authenticate, CloseReason, Count
+from qim.gateway.actions import Authenticate, CloseReason, Count, Send
 from qim.gateway.admission import ConnectAdmission, Refusal
 from qim.gateway.config import GatewayConfig
 from qim.gateway.devices import DeviceRegistry
@@ -32,6 +32,7 @@ from qim.gateway.push.delta_merge import SessionFrameMerge
 from qim.gateway.push.metrics import SendQueue
 from qim.gateway.routing.forwarder import RequestProducer
 from qim.gateway.routing.router import ConversationRouter, ReplySource, build_router
+from qim.gateway.routing.rules import not_offered
 from qim.gateway.session import Session
 from qim.gateway.states import ConnState
 from qim.gateway.transport.budget import NodeSendBudget, available_memory_bytes
@@ -241,9 +242,13 @@ class ConnectionNode:
         self._spawn(self.logins.run(conn, action), f"auth-{conn.conn_id}")
 
     def forward(self, conn: Connection, frame: Frame) -> None:
-        """Business frames go to the router (``route_requests``); without one they are dropped."""
+        """Business frames go to the router (``route_requests``); without one each is answered
+        as not offered (never silence, issue 16)."""
         if self.frame_handler is not None:
             self.frame_handler(conn, frame)
+        elif conn.session.grant is not None and not conn.closing:
+            rid = frame.header.request_id
+            conn.apply([Send(not_offered(frame), request_id=rid, version=conn.session.version)])
 
     def count(self, conn: Connection, action: Count) -> None:
         if action.name in ("ping", "ping_probe"):

@@ -62,7 +62,7 @@ from qim.gateway.routing.forwarder import RequestForwarder, RequestProducer, kaf
 from qim.gateway.routing.mailbox_requests import MailboxRequests
 from qim.gateway.routing.metrics import RoutingMetrics
 from qim.gateway.routing.replies import ReplyVerdict, reply_send, resolve_reply
-from qim.gateway.routing.rules import Routed, request_kind, route_frame
+from qim.gateway.routing.rules import Routed, not_offered, request_kind, route_frame
 from qim.observability.logging import trace
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, for_code
 from qim.schemas.frames.control import ConversationState, MarkRead
@@ -218,6 +218,7 @@ class ConversationRouter:
         rid = frame.header.request_id
         if routed is None:
             self.metrics.unrouted.labels(frame=frame.name).inc()
+            conn.apply([Send(not_offered(frame), request_id=rid, version=conn.session.version)])
             return
         if isinstance(routed, Error):
             kind = request_kind(frame.body)

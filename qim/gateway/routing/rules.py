@@ -103,6 +103,17 @@ def denied(request_id: int) -> Error:
     return Error(code=int(ErrorCode.PERMISSION_DENIED), request_id=request_id)
 
 
+def not_offered(frame: Frame) -> Error:
+    """The answer to a well-formed client frame this server does not serve (issue 16): never
+    silence, never a close. PERMISSION_DENIED, since A.6 has no "not implemented" code; the
+    ``detail`` names the frame so a client (and its developer) can tell it from a refusal."""
+    return Error(
+        code=int(ErrorCode.PERMISSION_DENIED),
+        request_id=frame.header.request_id,
+        detail=f"{frame.name} is not offered by this server",
+    )
+
+
 def route_frame(
     frame: Frame, grant: AuthGrant, *, connection_shard: int, partition_count: int
 ) -> Routed | Error | None:

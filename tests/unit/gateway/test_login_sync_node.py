@@ -281,7 +281,7 @@ def test_sync_rides_the_routing_and_needs_it() -> None:
 
 
 async def test_without_sync_the_login_is_the_old_one() -> None:
-    """mailbox_sync off: no user request, SYNC_COMPLETE is just an unrouted frame."""
+    """mailbox_sync off: no user request; SYNC_COMPLETE is unrouted, answered as not offered."""
     mailbox = FakeMailbox()
     mailbox.add("hal", 5)
     async with sync_node(mailbox, mailbox_sync=False) as h:
@@ -291,7 +291,9 @@ async def test_without_sync_the_login_is_the_old_one() -> None:
         assert h.producer.user_requests() == [] and h.router.mailbox is None
         await client.send(SyncComplete(sync_to_seq=0), request_id=2)
         await client.send(Ping(ping_id=1), request_id=3)
-        assert isinstance(await client.expect(Pong), Pong)  # nothing came before the PONG
+        refusal = await client.expect(Error)  # never silence (issue 16), and no close
+        assert refusal.request_id == 2 and "SYNC_COMPLETE" in refusal.detail
+        assert isinstance(await client.expect(Pong), Pong)
         assert h.sample("qim_gateway_frames_unrouted_total", frame="SYNC_COMPLETE") == 1
         await client.close()
 
