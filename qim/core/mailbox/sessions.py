@@ -193,7 +193,12 @@ class SessionFolds:
         *,
         read_origin: str | None = None,
     ) -> None:
-        """Store the authoritative row and fold it at its log position (``StateIn``)."""
+        """Store the authoritative row and fold it at its log position (``StateIn``).
+
+        The conversation is loaded *before* the new row is put: loaded after, the fold's "old"
+        state would already be the new one, so a removal first touching the group in this
+        batch would keep its badge share, and a replay cut differently would not (issue 14)."""
+        self.projection(tenant_id, user_id, [new.conversation_id])
         self.kv.put(state_key(tenant_id, user_id, new.conversation_id), encode_state(new))
         self._fold(tenant_id, user_id, [StateIn(mailbox_seq, event_id, new)])
         if read_origin is not None:

@@ -45,6 +45,7 @@ from tests.unit.mailbox.support import (
     EPOCH,
     SHARD,
     T,
+    amend,
     dispatch,
     local_users,
     run,
@@ -267,11 +268,13 @@ def test_session_config_default_is_the_b6_one() -> None:
     assert SessionListConfig().unread_precise_limit == LIMIT == 200
 
 
-def _membership(n: int, group: str, seq: int, action: str) -> GroupDispatch:
+def _membership(
+    n: int, group: str, seq: int, action: str, actor: str | None = None
+) -> GroupDispatch:
     control = MembershipControl(
         action=action,
         group_id=group,
-        actor=ME,
+        actor=actor or ME,
         targets=(ME,),
         membership_version=n,
         member_count=3,
@@ -325,3 +328,20 @@ def test_leave_hides_the_group_and_late_messages_do_not_resurrect_it() -> None:
     (row,) = _listed(rejoined)
     assert (row.conversation_id, row.latest_conversation_seq, row.unread_count) == (group, 7, 1)
     assert load_projection(rejoined, T, ME).badge.total_unread == 1
+
+
+def test_a_removal_in_its_own_batch_clears_the_badge_share_and_replays_identically() -> None:
+    """12.9: a removal clears that conversation's unread and the badge is the sum over the
+    user's conversations, also when the MEMBERSHIP dispatch is the first record of a batch
+    that touches the group (the live cutting) -- and the store equals a replay's in one batch.
+    A recall after the removal changes nothing."""
+    group = "g:removed"
+    direct = dispatch(4, conversation="d:direct", sender=SENDERS[1], participants=(ME, SENDERS[1]))
+    messages = [_in_group(n, group, n) for n in (1, 2, 3)]
+    removal = _membership(5, group, 4, "remove", actor=SENDERS[0])
+    recall = amend(6, messages[1], seq_in_conversation=5)
+    records: list[ShardLogRecord] = [*messages, direct, removal, recall]
+    live = _cut_run(records, [4, 5])
+    assert [e.conversation_id for e in _listed(live)] == ["d:direct"]
+    assert load_projection(live, T, ME).badge.sums == (1, 0, 0)
+    assert store_digest(live.items()) == store_digest(_cut_run(records, []).items())
