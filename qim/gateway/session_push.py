@@ -12,14 +12,19 @@ delivery (9.4, 11.1.1, 11.3) change for different reasons. This mixin holds the 
 * SignalDirty is one ERROR{MAILBOX_DIRTY} on stream 0 (never behind push data, I-25),
   CloseConnection a SLOW_CONSUMER close;
 * ``mailbox_dirty`` signals are counted (``Count("mailbox_dirty_sent")``), for the PONG path
-  too.
+  too;
+* SESSION_DELTA / BADGE_UPDATE / READ_SYNC respect the login barrier like PUSH_EVENTS (12.8.3:
+  "in the pull-only phase before ONLINE_READY no deltas arrive"; 9.4): while a synced login
+  has not been released they are held, the latest per conversation (and one badge), and
+  follow ONLINE_READY and the held pushes -- bounded by the user's conversations, never lost.
 
 Pure like the session: time is an argument.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 from qim.core.push import (
     BarrierState,
@@ -34,14 +39,21 @@ from qim.core.push import (
 from qim.gateway.actions import Action, CloseReason, Count, Send, SendPush
 from qim.gateway.states import ConnState
 from qim.gateway.sync_barrier import LoginBarrier
+from qim.schemas.frames.control import ReadSync
+from qim.schemas.frames.history import BadgeUpdate, SessionDelta
 
-__all__ = ["SessionPushes"]
+__all__ = ["SessionFrame", "SessionPushes"]
+
+SessionFrame: TypeAlias = SessionDelta | BadgeUpdate | ReadSync
 
 _ONLINE = (ConnState.ONLINE, ConnState.RENEWING)
 
 
 class SessionPushes:
     """Mixin of Session: everything about ConnectionPush (module doc)."""
+
+    _held_session_frames: dict[tuple[str, str], SessionFrame] | None = None
+    """Session-list frames behind the login barrier, by (frame kind, conversation)."""
 
     if TYPE_CHECKING:  # provided by Session
         pushes: ConnectionPush | None
@@ -108,14 +120,35 @@ class SessionPushes:
             self.mailbox_dirty = False
         return last_pushed, dirty, [Count("mailbox_dirty_sent", "pong")] if dirty else []
 
+    def session_frames(self, bodies: Sequence[SessionFrame]) -> list[Action]:
+        """A SessionPush's frames for this session: sent, or held behind the login barrier."""
+        if self.closed:
+            return []
+        if self.sync is not None and not self.sync.released:
+            held = self._held_session_frames
+            if held is None:
+                held = self._held_session_frames = {}
+            for body in bodies:
+                key = (type(body).__name__, getattr(body, "conversation_id", ""))
+                held.pop(key, None)  # the newest replaces (absolute values) and goes last
+                held[key] = body
+            return []
+        return [Send(body, version=self.version) for body in bodies]
+
     def _release_pushes(self) -> list[Action]:
-        """After ONLINE_READY went out: the pushes queued behind the barrier, in order."""
+        """After ONLINE_READY went out: the pushes queued behind the barrier, in order, then
+        the session-list frames held behind it."""
+        if self.sync is None or not self.sync.released:
+            return []
+        actions: list[Action] = []
         pushes = self.pushes
-        if pushes is None or self.sync is None or not self.sync.released:
-            return []
-        if pushes.barrier.state is not BarrierState.SYNCING:  # a repeated SYNC_COMPLETE
-            return []
-        return self._push_actions(pushes.sync_complete(), self.last_active_ms)
+        # a repeated SYNC_COMPLETE finds the barrier released already
+        if pushes is not None and pushes.barrier.state is BarrierState.SYNCING:
+            actions = self._push_actions(pushes.sync_complete(), self.last_active_ms)
+        held, self._held_session_frames = self._held_session_frames, None
+        if held:
+            actions += [Send(body, version=self.version) for body in held.values()]
+        return actions
 
     def _push_actions(self, pushed: list[PushAction], now_ms: int) -> list[Action]:
         pushes = self.pushes

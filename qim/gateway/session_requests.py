@@ -23,6 +23,7 @@ from qim.gateway.conversation_state import refused, state_fields
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.routing.forwarder import RequestForwarder
 from qim.gateway.routing.replies import ReplyVerdict
+from qim.gateway.session_push import SessionFrame
 from qim.schemas.frames import Frame
 from qim.schemas.frames.control import ConversationState, MarkRead
 from qim.schemas.frames.history import PullSessionList
@@ -179,7 +180,7 @@ class SessionListRequests:
         conn = slot.conn
         if conn.closing or conn.session.closed:
             return ReplyVerdict.NO_SESSION
-        version = conn.session.version
-        bodies = [*push.read_syncs, *push.deltas, *([push.badge] if push.badge else [])]
-        conn.apply([Send(body, version=version) for body in bodies])
+        badge = (push.badge,) if push.badge else ()
+        bodies: tuple[SessionFrame, ...] = (*push.read_syncs, *push.deltas, *badge)
+        conn.apply(conn.session.session_frames(bodies))  # held behind the login barrier
         return ReplyVerdict.DELIVER

@@ -13,6 +13,7 @@ from qim.core.push import EntryFragment, PendingPush
 from qim.core.push.wire import personal_fragment
 from qim.gateway.actions import Action, Send, SendPush
 from qim.gateway.session import Session
+from qim.gateway.session_push import SessionFrame
 from qim.schemas.frames import (
     Error,
     ErrorCode,
@@ -22,6 +23,8 @@ from qim.schemas.frames import (
     PushEvents,
     SyncComplete,
 )
+from qim.schemas.frames.control import ReadSync
+from qim.schemas.frames.history import BadgeUpdate, SessionDelta
 from qim.schemas.records.push import PushRecipient
 from tests.unit.gateway.session_support import GRANT, T0, authenticating, online, sent, wire
 from tests.unit.gateway.test_login_sync_session import RESULT, complete, synced
@@ -90,3 +93,33 @@ def test_a_barrier_overflow_is_one_mailbox_dirty_error_and_the_connection_stays(
     assert [e.code for e in errors] == [ErrorCode.MAILBOX_DIRTY]
     assert not session.closed
     assert session.grant == GRANT
+
+
+def test_session_list_frames_wait_for_online_ready_and_follow_it() -> None:
+    """12.8.3 / 9.4: no SESSION_DELTA, BADGE_UPDATE or READ_SYNC before ONLINE_READY; held
+    ones follow it (the newest per conversation, one badge), later ones flow at once."""
+    session = synced(NOTHING_OFFLINE)
+    early: list[SessionFrame] = [
+        SessionDelta(conversation_id="c1", driving_mailbox_seq=310, unread_count=1),
+        BadgeUpdate(total_unread=1, badge_projection_mailbox_seq=310),
+        ReadSync(conversation_id="c2", read_conversation_seq=4),
+    ]
+    assert session.session_frames(early) == []
+    newer: list[SessionFrame] = [
+        SessionDelta(conversation_id="c1", driving_mailbox_seq=311, unread_count=2),
+        BadgeUpdate(total_unread=2, badge_projection_mailbox_seq=311),
+    ]
+    assert session.session_frames(newer) == []
+    bodies = complete(session, RESULT.sync_to_seq)
+    assert isinstance(bodies[0], OnlineReady)
+    assert bodies[1:] == [early[2], *newer]
+    repeat = complete(session)  # a repeated SYNC_COMPLETE releases nothing twice
+    assert not [b for b in repeat if isinstance(b, SessionDelta | BadgeUpdate | ReadSync)]
+    later = [SessionDelta(conversation_id="c3", driving_mailbox_seq=320)]
+    assert sent(session.session_frames(later)) == later
+
+
+def test_session_list_frames_flow_at_once_without_login_sync() -> None:
+    session = online()
+    frames = [BadgeUpdate(total_unread=3)]
+    assert sent(session.session_frames(frames)) == frames

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 from qim.gateway.routing.replies import ReplyVerdict
-from qim.schemas.frames import AuthOk, Kicked
+from qim.schemas.frames import AuthOk, Kicked, OnlineReady, SyncComplete
 from qim.schemas.frames.control import ReadSync
 from qim.schemas.frames.history import BadgeUpdate, SessionDelta
 from qim.schemas.records.session_push import SessionPush, encode_session_push
@@ -48,6 +48,9 @@ async def online(h: SyncNode) -> tuple[RawClient, int]:
     client = await login(h, "bob")
     ok = client.bodies()[-1]
     assert isinstance(ok, AuthOk)
+    # session-list frames wait for the login barrier (12.8.3): pass it first
+    await client.send(SyncComplete(sync_to_seq=ok.sync_to_seq), request_id=4)
+    await client.expect(OnlineReady)
     return client, ok.session_epoch
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from qim.gateway.routing.replies import ReplyVerdict
 from qim.gateway.session_requests import LIST_CORRELATION
-from qim.schemas.frames import AuthOk, Error, ErrorCode
+from qim.schemas.frames import AuthOk, Error, ErrorCode, OnlineReady, SyncComplete
 from qim.schemas.frames.control import MarkRead, ReadSync
 from qim.schemas.frames.history import (
     BadgeUpdate,
@@ -104,6 +104,12 @@ async def test_a_session_push_reaches_only_the_session_it_names() -> None:
 
         assert h.router.deliver(push(ok.session_epoch + 1)) is ReplyVerdict.STALE_EPOCH
         assert h.router.deliver(push(ok.session_epoch)) is ReplyVerdict.DELIVER
+        # behind the login barrier (12.8.3): nothing before ONLINE_READY, then all of it
+        await client.send(SyncComplete(sync_to_seq=ok.sync_to_seq), request_id=4)
+        await client.expect(OnlineReady)
+        assert not [
+            b for b in client.bodies() if isinstance(b, SessionDelta | BadgeUpdate | ReadSync)
+        ]
         assert await client.expect(ReadSync) == read
         assert await client.expect(SessionDelta) == delta
         assert await client.expect(BadgeUpdate) == badge
