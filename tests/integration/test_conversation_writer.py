@@ -94,16 +94,17 @@ async def test_1000_concurrent_sends_are_acked_in_seq_order_and_match_history(
     acks = [ack_fields(r) for r in replies]
     print(f"1000 sends acked in {elapsed:.2f} s")
 
-    # a create consumes no seq: the messages are exactly 1..1000, each sender's in send order
-    assert sorted(seq for _, seq, _, _ in acks) == list(range(1, 1001))
+    # the create is seq 1: the messages are exactly 2..1001, each sender's in send order
+    assert sorted(seq for _, seq, _, _ in acks) == list(range(2, 1002))
     for sender in senders:
         mine = [a[1] for r, a in zip(requests, acks, strict=True) if r.sender_id == sender]
         assert mine == sorted(mine)
     assert all(len(client.replies[(BULK_TENANT, r.sender_id, r.request_id)]) == 1 for r in requests)
 
     history = await client.history(BULK_TENANT, senders[3], group)
-    assert [(m.message_id, m.conversation_seq, m.last_activity_id, m.client_message_id)
-            for m in history] == sorted(acks, key=lambda a: a[1])  # fmt: skip
+    rows = [(m.message_id, m.conversation_seq, m.last_activity_id, m.client_message_id)
+            for m in history if m.conversation_seq > 1]  # fmt: skip
+    assert rows == sorted(acks, key=lambda a: a[1])
 
 
 async def test_refusals_consume_nothing(workers: Workers, client: Client) -> None:
@@ -125,7 +126,7 @@ async def test_refusals_consume_nothing(workers: Workers, client: Client) -> Non
     accepted = [ack_fields(r)[1] for r in replies if r.send_ack is not None]
     assert limited and all(code(r) == ErrorCode.RATE_LIMITED for r in limited)
     assert all((r.error.retry_after_ms or 0) > 0 for r in limited if r.error is not None)
-    assert accepted == list(range(1, len(accepted) + 1)), "a refusal consumed a seq"
+    assert accepted == list(range(2, len(accepted) + 2)), "a refusal consumed a seq"
 
     records = await read_outbox(client.bootstrap, tenant, group)
     messages = [r for r in records if isinstance(r, MessageCommitted)]
@@ -145,17 +146,18 @@ async def test_a_leaver_reads_what_came_before_its_leave_and_nothing_after(
     left = await client.call(leave_group(tenant, "bob", group))
     assert left.members is not None and left.members.total_hint == 1
     after = await client.call(send(tenant, "alice", group, "after"))
-    assert ack_fields(after)[1] == 4  # the leave's CONTROL message took seq 3
+    assert ack_fields(after)[1] == 5  # the create took seq 1, the leave's CONTROL message 4
 
     reply = await client.call(pull_history(tenant, "bob", group))
     assert reply.history is not None
-    assert [m.client_message_id for m in reply.history.messages] == ["before0", "before1"]
-    assert reply.history.latest_conversation_seq == 2
+    assert [m.client_message_id for m in reply.history.messages] == [None, "before0", "before1"]
+    assert reply.history.latest_conversation_seq == 3
     assert [m.conversation_seq for m in await client.history(tenant, "alice", group)] == [
         1,
         2,
         3,
         4,
+        5,
     ]
     assert (
         code(await client.call(send(tenant, "bob", group, "ghost"))) == ErrorCode.PERMISSION_DENIED
@@ -185,7 +187,7 @@ async def test_tenants_are_isolated(workers: Workers, client: Client) -> None:
     # tenant b's own group of the same name stays apart
     await client.call(create_group(b, "alice", group, ["eve"]))
     await client.call(send(b, "alice", group, "b-only"))
-    assert [m.client_message_id for m in await client.history(a, "bob", group)] == ["secret"]
+    assert [m.client_message_id for m in await client.history(a, "bob", group)] == [None, "secret"]
     members = await client.call(pull_members(a, "bob", group))
     assert members.members is not None
     assert {m.user_id for m in members.members.members} == {"alice", "bob"}
@@ -216,11 +218,11 @@ async def test_a_retry_storm_around_a_kill_commits_one_message(
 
     assert len({ack_fields(r) for r in replies[:5]}) == 1
     history = await client.history(tenant, "bob", group)
-    assert [m.client_message_id for m in history] == ["the-one"]
+    assert [m.client_message_id for m in history] == [None, "the-one"]  # create, message
     committed = await read_outbox(client.bootstrap, tenant, group)
     assert sum(isinstance(r, MessageCommitted) for r in committed) == 1
     noise_seqs = sorted(ack_fields(r)[1] for r in replies[5:])
-    assert noise_seqs == list(range(1, 301))
+    assert noise_seqs == list(range(2, 302))  # the create is seq 1
 
 
 async def test_a_crash_at_each_commit_step_leaves_one_message_one_seq_one_head(
@@ -256,10 +258,10 @@ async def test_a_crash_at_each_commit_step_leaves_one_message_one_seq_one_head(
     for step, first, second in zip(sent, originals, again, strict=True):
         assert ack_fields(first) == ack_fields(second), step
         assert len(client.replies[(tenant, "alice", sent[step].request_id)]) == 1, step
-    assert [ack_fields(r)[1] for r in originals] == [1, 2, 3, 4]
+    assert [ack_fields(r)[1] for r in originals] == [2, 3, 4, 5]  # the create is 1
 
     history = await client.history(tenant, "bob", group)
-    assert [m.client_message_id for m in history] == list(sent)
+    assert [m.client_message_id for m in history] == [None, *sent]
     head = await client.call(pull_history(tenant, "bob", group))
     assert head.history is not None and head.history.latest_conversation_seq == 4
     committed = await read_outbox(client.bootstrap, tenant, group)
@@ -309,7 +311,7 @@ async def test_a_paused_writer_is_fenced_after_its_session(
         for r in await read_outbox(client.bootstrap, tenant, group)
         if isinstance(r, MessageCommitted)
     ]
-    assert [r.conversation_seq for r in committed] == list(range(1, 16)), "a seq repeated or lost"
+    assert [r.conversation_seq for r in committed] == list(range(2, 17)), "a seq repeated or lost"
     assert len({r.message_id for r in committed}) == 15
     old_epoch = committed[0].fencing_epoch
     assert {r.fencing_epoch for r in committed[:5]} == {old_epoch}

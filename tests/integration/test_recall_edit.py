@@ -88,49 +88,49 @@ async def test_recall_and_edit_end_to_end(workers: Workers, client: Client) -> N
     tenant, group = f"t-{uuid.uuid4().hex[:10]}", "g:amend"
     await client.call(create_group(tenant, "alice", group, ["bob", "carol"]))
     first = await client.call(send(tenant, "bob", group, "m1", payload=b"oops"))
-    assert first.send_ack is not None and first.send_ack.conversation_seq == 1
+    assert first.send_ack is not None and first.send_ack.conversation_seq == 2  # the create is 1
 
-    refused = await client.call(amend(tenant, "carol", group, 1))
+    refused = await client.call(amend(tenant, "carol", group, 2))
     assert code(refused) == ErrorCode.PERMISSION_DENIED
 
-    taps = [amend(tenant, "bob", group, 1), amend(tenant, "bob", group, 1)]
+    taps = [amend(tenant, "bob", group, 2), amend(tenant, "bob", group, 2)]
     await client.send(taps)  # usually decided in one batch: the batch is cut between them
     recalled, tapped = (ack(r) for r in await client.wait(taps))
-    assert recalled[1] == 2 and tapped == recalled  # the CONTROL event's own seq, once
-    assert ack(await client.call(amend(tenant, "bob", group, 1))) == recalled  # a later retry
+    assert recalled[1] == 3 and tapped == recalled  # the CONTROL event's own seq, once
+    assert ack(await client.call(amend(tenant, "bob", group, 2))) == recalled  # a later retry
 
     history = {m.conversation_seq: m for m in await client.history(tenant, "carol", group)}
-    target, control = history[1], history[2]
+    target, control = history[2], history[3]
     assert target.state == MessageState.RECALLED and target.payload_or_ciphertext is None
-    assert target.recall_event_conversation_seq == 2
+    assert target.recall_event_conversation_seq == 3
     assert (control.message_id, control.conversation_seq, control.last_activity_id) == recalled
     assert (control.message_type, control.custom_type) == (MESSAGE_TYPE_CONTROL, AMEND_CUSTOM_TYPE)
     assert control.sender_id == "bob" and control.payload_or_ciphertext is not None
     body = msgspec.msgpack.decode(control.payload_or_ciphertext, type=AmendControl)
-    assert (body.action, body.target_conversation_seq) == ("recall", 1)
+    assert (body.action, body.target_conversation_seq) == ("recall", 2)
 
     second = await client.call(send(tenant, "bob", group, "m2", payload=b"v1"))
-    assert second.send_ack is not None and second.send_ack.conversation_seq == 3
-    edited = ack(await client.call(amend(tenant, "bob", group, 3, b"v2")))
-    assert edited[1] == 4
-    too_big = await client.call(amend(tenant, "bob", group, 3, b"x" * (32 * 1024 + 1)))
+    assert second.send_ack is not None and second.send_ack.conversation_seq == 4
+    edited = ack(await client.call(amend(tenant, "bob", group, 4, b"v2")))
+    assert edited[1] == 5
+    too_big = await client.call(amend(tenant, "bob", group, 4, b"x" * (32 * 1024 + 1)))
     assert code(too_big) == ErrorCode.PAYLOAD_TOO_LARGE
     history = {m.conversation_seq: m for m in await client.history(tenant, "alice", group)}
-    assert history[3].state == MessageState.EDITED
-    assert history[3].payload_or_ciphertext == b"v2"
-    assert history[3].recall_event_conversation_seq == 4
+    assert history[4].state == MessageState.EDITED
+    assert history[4].payload_or_ciphertext == b"v2"
+    assert history[4].recall_event_conversation_seq == 5
 
-    by_owner = ack(await client.call(amend(tenant, "alice", group, 3)))  # OWNER: any message
-    assert by_owner[1] == 5
-    again = await client.call(amend(tenant, "bob", group, 3, b"v3"))
+    by_owner = ack(await client.call(amend(tenant, "alice", group, 4)))  # OWNER: any message
+    assert by_owner[1] == 6
+    again = await client.call(amend(tenant, "bob", group, 4, b"v3"))
     assert code(again) == ErrorCode.PERMISSION_DENIED  # no edit after a recall
 
     records = await read_outbox(client.bootstrap, tenant, group)
     amends = [r for r in records if isinstance(r, MessageAmended)]
     assert [(a.action, a.target_conversation_seq, a.conversation_seq) for a in amends] == [
-        ("recall", 1, 2),
-        ("edit", 3, 4),
-        ("recall", 3, 5),
+        ("recall", 2, 3),
+        ("edit", 4, 5),
+        ("recall", 4, 6),
     ]
     assert amends[0].target_sender_id == "bob" and amends[2].sender_id == "alice"
     assert amends[1].new_payload == b"v2"
@@ -187,11 +187,11 @@ async def test_at_58_59_a_crash_around_the_append_then_a_retry_is_one_control_ev
     await client.call(create_group(tenant, "alice", group, ["bob"]))
     steps = ("appended", "committed")
     for step in steps:
-        await client.call(send(tenant, "bob", group, step))  # seqs 1 and 2
+        await client.call(send(tenant, "bob", group, step))  # seqs 2 and 3 (the create: 1)
     await machine.stop()
 
     originals = {}
-    for seq, step in enumerate(steps, start=1):
+    for seq, step in enumerate(steps, start=2):
         env = {"QIM_WRITER_CRASH_AT": step, "QIM_WRITER_CRASH_CMID": f"amend:{group}:{seq}"}
         crasher = workers.new(env, workdir=machine.worker.workdir)
         await crasher.start()

@@ -4,7 +4,9 @@ Each is one GroupMembership operation (``qim.core.membership``) whose records th
 appends; applying them publishes the new version's member slices into the same plan. What the
 shell adds is the CONTROL message's coordinates: a join, leave or removal is a message of the
 conversation and consumes a ``conversation_seq`` exactly like a SEND_MESSAGE
-(``next_coordinates``), so the next message never reuses it; a create uses none (A.3 #21).
+(``next_coordinates``), so the next message never reuses it; a create occupies the group's
+first seq too (its last chunk carries it: every member's MEMBERSHIP entry and a session row
+from the creation on, 10.1.3 / 12.9).
 A group id must have the group form (``g:``): the ``d:`` space is derived from user ids.
 """
 
@@ -54,6 +56,7 @@ def create(
         invitees=invitees,
         committed_at=pw.log_time_ms(now_ms),
         max_members=max_members,
+        stamp=_stamp(pw, tenant_id, group_id, now_ms),
     )
     for record in records:
         pw.append(record, plan)

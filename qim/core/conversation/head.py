@@ -78,7 +78,7 @@ class Sequenced:
 
     @classmethod
     def of_membership(cls, record: MembershipCommitted) -> Sequenced | None:
-        """A membership change's CONTROL message (seq J), or None for a create (no seq, no ids).
+        """A membership change's CONTROL message (seq J), or None for an unstamped create chunk.
 
         A group's conversation id is its group id (``ids``); the record has no fencing epoch yet.
         """
@@ -98,7 +98,7 @@ class ApplyOutcome(Enum):
     """What ``apply()`` did with a record; only APPLIED changed the state."""
 
     APPLIED = "applied"
-    UNSEQUENCED = "unsequenced"  # a record with no coordinates (a group create)
+    UNSEQUENCED = "unsequenced"  # a record with no coordinates (an earlier create chunk)
     ALREADY_APPLIED = "already_applied"
     STALE_EPOCH = "stale_epoch"
     OUT_OF_ORDER = "out_of_order"

@@ -232,7 +232,7 @@ class FanoutState:
             version = VersionInfo(tuple(group.shards()), stamp)
             self._versions.record(key, published.membership_version, version)
         if record.conversation_seq < 1:
-            return []  # a create: no CONTROL message (A.3)
+            return []  # an earlier chunk of a create (the last one carries its CONTROL message)
         info = self._pinned(key, record.membership_version)
         if isinstance(info, NotReadyReason):
             return self._not_ready(key, record.message_id, record.membership_version, info)
@@ -243,9 +243,17 @@ class FanoutState:
     ) -> list[GroupDispatch]:
         tenant = record.tenant_id
         subjects: dict[int, list[str]] = {}
-        for user in sorted(record.targets):
-            subjects.setdefault(self.config.shard_of(tenant, user), []).append(user)
         broadcast = self.config.broadcasts(record.member_count)
+        users = record.targets
+        if record.action == MembershipAction.CREATE:
+            # the creator and the invitees join (10.1.3, 12.9): all are subjects, nobody is
+            # left for a broadcast. From the record alone, so a redelivery is identical; a
+            # create of more than one chunk (> 4096 members) reaches the creator and its last
+            # chunk's invitees only (the earlier chunks carry no CONTROL message).
+            users = (record.actor, *record.targets)
+            broadcast = False
+        for user in sorted(users):
+            subjects.setdefault(self.config.shard_of(tenant, user), []).append(user)
         shards = sorted(set(subjects) | set(info.shards if broadcast else ()))
         out: list[GroupDispatch] = []
         for shard in shards:

@@ -10,7 +10,8 @@ message's own write, so a replayed suffix converges to the same state too.
 Inputs: a :class:`MessageCommitted` becomes its MessageRecord; a
 :class:`MembershipCommitted` with a seq becomes its CONTROL message (``custom_type =
 qim.membership.v1``, payload = the documented :class:`MembershipControl` map, sender = the
-actor), so members see joins and leaves in history. A create occupies no seq and writes nothing.
+actor), so members see creates, joins and leaves in history (an earlier chunk of a large create
+has no seq and writes nothing).
 A :class:`MessageAmended` (RECALL / EDIT / delete, spec 13.4.1) writes two rows: (a) its own
 CONTROL message at its own seq (``custom_type = qim.amend.v1``, payload = the documented
 :class:`AmendControl` map, sender = the actor), so REBUILD by seq finds it; (b) step 3, the
@@ -118,7 +119,7 @@ def message_record(
 def control_message_record(
     record: MembershipCommitted, *, bucket_width: int = DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH
 ) -> MessageRecord | None:
-    """The CONTROL message of a membership change; None for a create (it uses no seq)."""
+    """The CONTROL message of a membership change; None for an earlier create chunk (no seq)."""
     if record.conversation_seq == 0:
         return None
     return MessageRecord(

@@ -127,6 +127,10 @@ def membership_change(d: GroupDispatch, user_id: str) -> UserChange | None:
     subjects = set(control.targets)
     if control.action in ("create", "leave"):
         subjects.add(control.actor)
+    if control.action == "create":
+        # a create reaches exactly its initial members (the fanout names them all, of every
+        # chunk, while the payload lists only its own chunk's invitees)
+        subjects.add(user_id)
     if user_id not in subjects:
         return None
     if control.action in _ENDS:

@@ -10,7 +10,9 @@ Seqs and ids come in a :class:`ControlStamp` the writer allocates for the CONTRO
 (``conversation_seq`` J, ``message_id``, ``last_activity_id``, ``committed_at``): a join
 commits ``joined_at = J - 1`` and a leave/remove ``left_at = J`` (spec 7.5, ADR-0021). A
 function that finds nothing to change returns None, so the writer allocates no seq for it.
-A create uses no seq (A.3 CREATE_GROUP): initial members get ``joined_at = 0``.
+A create is the group's first CONTROL message (12.9 "create conversation / join group: in
+mailbox? yes (MEMBERSHIP)", 10.1.3): its last chunk carries the stamp (seq 1 of a new group), the
+earlier chunks of a large create none; initial members get ``joined_at = 0`` (= J - 1).
 
 Determinism: targets are de-duplicated and sorted by user id before slots are assigned, so the
 order a client lists members in never changes slot ids or version bytes.
@@ -22,6 +24,8 @@ import itertools
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
+
+import msgspec
 
 from qim.core.membership.errors import MembershipRejected
 from qim.core.membership.state import GroupMembership
@@ -70,11 +74,14 @@ def create_group(
     max_members: int,
     chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
     display_hints: Mapping[str, str] | None = None,
+    stamp: ControlStamp | None = None,
 ) -> tuple[MembershipCommitted, ...]:
     """CREATE_GROUP: version 1 with the creator as OWNER and the invitees as MEMBERs.
 
     More than ``chunk_max_members`` members become several records of ONE logical version;
-    ``GroupMembership.apply`` makes the group exist only when the last chunk is in.
+    ``GroupMembership.apply`` makes the group exist only when the last chunk is in. ``stamp``
+    (the create's CONTROL message) goes on the last chunk, so the group's ConversationHead,
+    history row and every member's MEMBERSHIP entry exist from its creation on.
     """
     _ids(tenant_id=tenant_id, group_id=group_id, creator=creator)
     if state.group(tenant_id, group_id) is not None or state.has_pending_create(
@@ -92,7 +99,7 @@ def create_group(
         bounds.append(bounds[-1] + chunk_max_members)
     bounds[-1] = len(invited)
     count = len(bounds) - 1
-    return tuple(
+    records = tuple(
         MembershipCommitted(
             tenant_id=tenant_id,
             group_id=group_id,
@@ -110,6 +117,16 @@ def create_group(
         )
         for index, (lo, hi) in enumerate(itertools.pairwise(bounds))
     )
+    if stamp is None:
+        return records
+    last = msgspec.structs.replace(
+        records[-1],
+        conversation_seq=stamp.conversation_seq,
+        message_id=message_id_to_bytes(stamp.message_id),
+        last_activity_id=message_id_to_bytes(stamp.last_activity_id),
+        committed_at=stamp.committed_at,
+    )
+    return (*records[:-1], last)
 
 
 def add_members(

@@ -20,9 +20,11 @@ Three records, three audiences (spec 7.9, 7.5, App. A.3 CREATE_GROUP / LEAVE_GRO
   member set, the version and the ``(joined_at, left_at)`` intervals are a pure function of
   these records (``qim.core.membership.MembershipState.apply``), live and in replay. It also
   carries the CONTROL message envelope (seq, ids, time), so the HistoryArchiver stores the
-  CONTROL message from it. A create uses no seq (A.3): ``conversation_seq = 0``, zero ids.
-  A large create is split into ``chunk_count`` records that share one ``membership_version``;
-  the version exists only once every chunk has been applied.
+  CONTROL message from it. A create is the group's first CONTROL message: its last chunk
+  carries the seq and ids (12.9: create / join are MEMBERSHIP entries); the earlier chunks of
+  a large create carry ``conversation_seq = 0`` and zero ids. A large create is split into
+  ``chunk_count`` records that share one ``membership_version``; the version exists only once
+  every chunk has been applied.
 
 * :class:`MemberSliceRecord` -- one chunk of one version's member slice for one MailboxShard
   (tag ``kind = "member_slice"``), produced to dispatch partition ``mailbox_shard`` before any

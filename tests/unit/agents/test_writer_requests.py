@@ -71,23 +71,23 @@ def test_sends_get_consecutive_seqs_and_a_leave_takes_one(log: Log) -> None:
     log.run(create("alice", group, ("bob",)))
     plan = log.run(send("alice", group, "a"), send("bob", group, "b"), leave("bob", group))
     acks = [r.send_ack for r in plan.replies[:2]]
-    assert [a.conversation_seq for a in acks if a is not None] == [1, 2]
+    assert [a.conversation_seq for a in acks if a is not None] == [2, 3]  # the create is 1
     left = plan.replies[2]
     assert left.members is not None and left.members.total_hint == 1
     leave_record = plan.outbox[-1]
-    assert isinstance(leave_record, MembershipCommitted) and leave_record.conversation_seq == 3
+    assert isinstance(leave_record, MembershipCommitted) and leave_record.conversation_seq == 4
     assert plan.slices, "a leave publishes the new version's slices"
     after = log.run(send("alice", group, "c"))
     assert only_reply(after).send_ack is not None
-    assert only_reply(after).send_ack.conversation_seq == 4  # type: ignore[union-attr]
+    assert only_reply(after).send_ack.conversation_seq == 5  # type: ignore[union-attr]
 
     seen = only_reply(log.run(history("bob", group))).history
     assert seen is not None
-    assert [m.conversation_seq for m in seen.messages] == [1, 2]
-    assert seen.latest_conversation_seq == 2
+    assert [m.conversation_seq for m in seen.messages] == [1, 2, 3]
+    assert seen.latest_conversation_seq == 3
     everything = only_reply(log.run(history("alice", group))).history
     assert everything is not None
-    assert [m.conversation_seq for m in everything.messages] == [1, 2, 3, 4]
+    assert [m.conversation_seq for m in everything.messages] == [1, 2, 3, 4, 5]
 
 
 def test_strangers_and_other_tenants_are_refused(log: Log) -> None:
@@ -143,7 +143,7 @@ def test_the_admin_plane_adds_and_removes_and_is_answered_on_its_topic(log: Log)
     assert plan.replies == [] and plan.admin_replies[0].membership_version == 1
     plan = log.run(admin("add", group, ("carol", "dave")))
     assert (plan.admin_replies[0].membership_version, plan.admin_replies[0].member_count) == (2, 4)
-    assert plan.outbox[0].conversation_seq == 1  # the join's CONTROL message
+    assert plan.outbox[0].conversation_seq == 2  # the join's CONTROL message (create: 1)
     plan = log.run(admin("remove", group, ("dave",)), admin("add", group, ("carol",)))
     assert [a.member_count for a in plan.admin_replies] == [3, 3]
     assert len(plan.outbox) == 1, "adding a member twice changes nothing"

@@ -42,7 +42,7 @@ async def test_a_batch_is_one_transaction_with_its_request_offsets(tmp_path: Pat
 
     assert producer.transactions == 1
     outbox = [decode_outbox_record(s.value) for s in producer.on(TOPICS.outbox)]
-    assert [r.conversation_seq for r in outbox] == [0, 1, 2, 3]
+    assert [r.conversation_seq for r in outbox] == [1, 2, 3, 4]  # the create is seq 1
     assert {s.partition for s in producer.on(TOPICS.outbox)} == {P}
     assert producer.on(TOPICS.dispatch), "the create's member slices ride the same transaction"
     replies = [decode_writer_reply(s.value) for s in producer.on(TOPICS.to_gateway)]
@@ -67,7 +67,8 @@ async def test_a_history_read_after_an_append_cuts_the_batch(tmp_path: Path) -> 
     assert producer.transactions == 3
     replies = [decode_writer_reply(s.value) for s in producer.on(TOPICS.to_gateway)]
     read = replies[2].history
-    assert read is not None and [m.client_message_id for m in read.messages] == ["fresh"]
+    assert read is not None  # the create's CONTROL message, then the message
+    assert [m.client_message_id for m in read.messages] == [None, "fresh"]
     assert producer.group_offsets[next(iter(producer.group_offsets))] == 4
 
 

@@ -9,7 +9,8 @@ member slices (``slices``, as ``qim.agents.writer.partition`` does). Its ``log``
 :class:`IntervalModel` is the reference the end-to-end tests compare against. It never touches
 ``GroupMembership``, slices or dispatches: it folds the same outbox into plain per-user interval
 lists (spec 7.5: ``joined_at = J - 1`` for a join at J, ``left_at = J`` for a leave at J, 0 for
-creation) and answers "who receives the event at seq s" from those alone.
+creation, whose stamped last chunk reaches the creator and its invitees as MEMBERSHIP) and answers
+"who receives the event at seq s" from those alone.
 """
 
 from __future__ import annotations
@@ -34,9 +35,11 @@ from qim.schemas.frames.base import MENTION_ALL, MentionType
 from qim.schemas.ids import message_id_to_bytes
 from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
 from qim.schemas.records.membership import (
+    MEMBERSHIP_CUSTOM_TYPE,
     MembershipAction,
     MembershipCommitted,
     MemberSliceRecord,
+    decode_control,
 )
 from qim.schemas.records.outbox import (
     DIRECT,
@@ -101,6 +104,7 @@ class Outbox:
                 committed_at=self.clock,
                 max_members=MAX_MEMBERS,
                 chunk_max_members=chunk,
+                stamp=self._stamp(group),  # the create is the group's first CONTROL message
             )
         )
 
@@ -201,6 +205,18 @@ class Outbox:
         return record
 
 
+def created_group(d: GroupDispatch) -> bool:
+    """The MEMBERSHIP dispatch of a group's create (its initial members' entries)."""
+    if d.event_type != EventType.MEMBERSHIP or d.custom_type != MEMBERSHIP_CUSTOM_TYPE:
+        return False
+    return decode_control(d.payload).action == MembershipAction.CREATE
+
+
+def after_create(produced: Iterable[DispatchLogRecord]) -> list[GroupDispatch]:
+    """The group dispatches of ``produced`` other than a create's."""
+    return [d for d in produced if isinstance(d, GroupDispatch) and not created_group(d)]
+
+
 def pipeline(outbox: Outbox, state: FanoutState) -> list[DispatchLogRecord]:
     """The dispatch log as writer + FanoutCoordinator produce it: each outbox record's slices
     (committed with it) and then the coordinator's dispatches for it."""
@@ -283,10 +299,14 @@ class IntervalModel:
             return
         seq = record.conversation_seq
         if record.action == MembershipAction.CREATE:
-            if record.chunk_index == 0:
-                self.intervals.setdefault(record.actor, []).append([0, None])
-            for user in record.targets:
+            joined = [record.actor] if record.chunk_index == 0 else []
+            for user in [*joined, *record.targets]:
                 self.intervals.setdefault(user, []).append([0, None])
+            if seq >= 1:  # the stamped last chunk: the creator's and its invitees' entries
+                created = {record.actor, *record.targets}
+                self.expected[record.message_id] = {
+                    Delivery(u, EventType.MEMBERSHIP) for u in created
+                }
             return
         if record.action == MembershipAction.ADD:
             for user in record.targets:

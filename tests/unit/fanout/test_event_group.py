@@ -25,7 +25,7 @@ from qim.schemas.events import EventType
 from qim.schemas.ids import message_id_from_bytes
 from qim.schemas.records.dispatch import GroupDispatch
 from qim.schemas.records.membership import MemberSliceRecord
-from tests.unit.fanout.support import Outbox, pipeline
+from tests.unit.fanout.support import Outbox, after_create, pipeline
 
 G = "g:caps"
 
@@ -38,7 +38,7 @@ def _dispatch(
     outbox.create(G, "owner", ["a", "b"])
     record = outbox.send(G, "owner", mentions=mentions, payload=payload, inline=inline)
     produced = pipeline(outbox, FanoutState(config))
-    chunks = [d for d in produced if isinstance(d, GroupDispatch)]
+    chunks = after_create(produced)
     return message_dispatch(record, 0), chunks, list(produced)
 
 

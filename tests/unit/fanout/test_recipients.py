@@ -23,9 +23,17 @@ from qim.core.fanout import (
 from qim.core.membership import ShardSlice, SliceAssembler
 from qim.schemas.events import EventType
 from qim.schemas.frames.base import MentionType
-from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
+from qim.schemas.records.dispatch import DispatchLogRecord
 from qim.schemas.records.membership import MemberSliceRecord
-from tests.unit.fanout.support import IntervalModel, Outbox, T, delivered, pipeline, shard_of
+from tests.unit.fanout.support import (
+    IntervalModel,
+    Outbox,
+    T,
+    after_create,
+    delivered,
+    pipeline,
+    shard_of,
+)
 
 USERS = [f"u{i:02d}" for i in range(24)]
 G = "g:e2e"
@@ -123,7 +131,7 @@ def test_26_3_9_big_group_membership_change_reaches_only_its_subject() -> None:
     assert join is not None
     config = FanoutConfig(membership_event_broadcast_max_members=10)  # 26 members > 10
     produced = pipeline(outbox, FanoutState(config))
-    dispatches = [d for d in produced if isinstance(d, GroupDispatch)]
+    dispatches = after_create(produced)
     assert [d.target_mailbox_shard for d in dispatches] == [shard_of("newcomer", 64)]
     assert dispatches[0].membership_version == 0  # no member expansion
     assert delivered(produced, 64)[join.message_id] == {Delivery("newcomer", EventType.MEMBERSHIP)}
@@ -134,7 +142,7 @@ def test_10_1_3_membership_event_flags_create_no_unread_and_move_the_session() -
     outbox.create(G, "owner", ["a"])
     outbox.leave(G, "a")
     produced = pipeline(outbox, FanoutState())
-    (control,) = [d for d in produced if isinstance(d, GroupDispatch)][:1]
+    (control,) = after_create(produced)[:1]
     template = control.event_template
     assert (template.counts_unread, template.affects_session_order, template.timeline_visible) == (
         False,
@@ -155,7 +163,7 @@ def test_11_4_1_mentions_ride_on_the_message_entry_unless_mention_entries_are_on
         Delivery("b", EventType.MESSAGE),
         Delivery("owner", EventType.MESSAGE),
     }
-    (dispatch,) = [d for d in produced if isinstance(d, GroupDispatch)]
+    (dispatch,) = after_create(produced)
     tier = expand_dispatch(dispatch, _slice_of(produced), lambda u: 0, mention_entries=True)
     assert Delivery("a", EventType.MENTION, MentionType.AT_ME) in tier  # mention_only tier
     assert len(tier) == 4
@@ -169,7 +177,7 @@ def test_10_1_step9_slice_members_outside_the_interval_are_filtered_by_seq() -> 
     outbox.seqs[G] = 40
     record = outbox.send(G, "owner")  # seq 41
     produced = pipeline(outbox, FanoutState(FanoutConfig(mailbox_shard_count=1)))
-    (dispatch,) = [d for d in produced if isinstance(d, GroupDispatch)]
+    (dispatch,) = after_create(produced)
     full = _slice_of(produced)
     assert full.user_ids == ("owner", "a", "b", "c")  # slot order
     seq = record.conversation_seq
@@ -182,11 +190,7 @@ def test_10_1_expansion_refuses_a_slice_of_another_version() -> None:
     outbox = Outbox(shards=1)
     outbox.create(G, "owner", ["a"])
     record = outbox.send(G, "owner")
-    (dispatch,) = [
-        d
-        for d in pipeline(outbox, FanoutState(FanoutConfig(mailbox_shard_count=1)))
-        if isinstance(d, GroupDispatch)
-    ]
+    (dispatch,) = after_create(pipeline(outbox, FanoutState(FanoutConfig(mailbox_shard_count=1))))
     assert record.membership_version == 1
     with pytest.raises(SliceMismatch):
         expand_dispatch(dispatch, None, lambda u: 0)

@@ -17,6 +17,7 @@ from qim.core.mailbox import MailboxConfig, MemoryMailboxStore, StoreMailboxRead
 from qim.core.mailbox.keys import DEPARTURE
 from qim.core.membership import SliceAssembler
 from qim.schemas import dispatch_id
+from qim.schemas.events import EventType
 from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
 from qim.schemas.records.membership import MemberSliceRecord
 from tests.unit.fanout.support import Outbox, delivered, pipeline
@@ -57,11 +58,17 @@ def _pinned(template: GroupDispatch, version: int, seq: int, payload: bytes) -> 
 
 def _payloads(store: MemoryMailboxStore, user: str, log: list[DispatchLogRecord]) -> set[bytes]:
     """The payloads of owner's messages in ``user``'s entries (bodies are joined at read
-    time, so they are looked up in the log by message_id)."""
-    bodies = {r.message_id: r.payload for r in log if isinstance(r, GroupDispatch)}
+    time, so they are looked up in the log by message_id); the create's entry left out."""
+    bodies = {
+        r.message_id: r.payload
+        for r in log
+        if isinstance(r, GroupDispatch) and r.event_type != EventType.MEMBERSHIP
+    }
     reader = StoreMailboxReader(store, CONFIG.lane_count)
     entries = [e for _, group in reader.read_user_range(T, user, 0, 1 << 62) for e in group]
-    return {bodies[e.message_id] for e in entries if e.sender_id == "owner"}
+    return {
+        bodies[e.message_id] for e in entries if e.message_id in bodies and e.sender_id == "owner"
+    }
 
 
 def test_m5_the_later_slice_lists_the_leavers_closed_interval() -> None:

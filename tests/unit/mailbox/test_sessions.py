@@ -345,3 +345,33 @@ def test_a_removal_in_its_own_batch_clears_the_badge_share_and_replays_identical
     assert [e.conversation_id for e in _listed(live)] == ["d:direct"]
     assert load_projection(live, T, ME).badge.sums == (1, 0, 0)
     assert store_digest(live.items()) == store_digest(_cut_run(records, []).items())
+
+
+def test_a_created_group_is_a_membership_entry_and_a_top_row_for_every_member() -> None:
+    """10.1.3 / 12.9: create is a MEMBERSHIP event; every initial member (the creator too)
+    gets its entry and the group at the top of the list, unread 0, before any message."""
+    from qim.core.fanout import FanoutConfig, FanoutState
+    from tests.unit.fanout.support import Outbox, pipeline
+
+    creator, *invitees = local_users(3, "cg")
+    outbox = Outbox(shards=CONFIG.mailbox_shard_count, tenant=T)
+    outbox.direct(invitees[1], invitees[0])
+    outbox.create("g:new", creator, invitees)
+    produced = pipeline(outbox, FanoutState(FanoutConfig(mailbox_shard_count=4)))
+    mine = [r for r in produced if getattr(r, "target_mailbox_shard", None) == SHARD]
+    mine += [r for r in produced if getattr(r, "mailbox_shard", None) == SHARD]
+    store = MemoryMailboxStore()
+    run(store, list(enumerate(sorted(mine, key=produced.index))))
+    reader = StoreMailboxReader(store, CONFIG.lane_count)
+    for user in (creator, *invitees):
+        entries = [e for _, g in reader.read_user_range(T, user, 0, 1 << 62) for e in g]
+        kinds = [(e.conversation_id, e.event_type) for e in entries]
+        assert ("g:new", EventType.MEMBERSHIP) in kinds
+        p = load_projection(store, T, user)
+        previews = {
+            c: preview_of(store, T, c, r.latest_conversation_seq) for c, r in p.rows.items()
+        }
+        listed = load_snapshot(p, 1, CONFIG.session_list, previews).sessions
+        assert listed[0].conversation_id == "g:new"
+        assert listed[0].unread_count == 0
+        assert p.state("g:new").membership_state == "ACTIVE"
