@@ -11,9 +11,11 @@ two per-message copies of its TARGET, when this shard holds them:
   amend itself writes no facts row: it is not a message.
 * the one ``StoredBody`` copy (read-time join, direction.md 4.4), so a later PULL_MAILBOX or
   push of the ORIGINAL entry no longer serves recalled content: recall / delete empty the
-  payload (type kept), an edit stores the new payload. Deliberate limit: copies *inline* in
-  entries (``inline_body``, ADR-0005) stay as written -- entries are immutable, and a client
-  applies the CONTROL entry that follows them (13.4.2).
+  payload (type kept), an edit stores the new payload. Copies *inline* in entries
+  (``inline_body``, ADR-0005) stay as written (entries are immutable); the read path serves
+  neither kind of a recalled message (``reader.join_bodies`` checks the facts row). An edited
+  inline entry still carries its first text: the edit's CONTROL entry that follows it carries
+  the new one (13.4.2).
 
 A target this shard never held (expired, or another shard's message) is left alone: the
 CONTROL entries still carry every ``target_*`` field the consumers need (INV-17). A message

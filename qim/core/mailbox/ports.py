@@ -76,3 +76,10 @@ class MailboxReader(Protocol):
         """The shard's copy of a message body for the read-time join (7.3, 18.3.1), or None
         when it is past retention (the entry then goes out with ``body_included=false``)."""
         ...
+
+    def removed(
+        self, tenant_id: str, conversation_id: str, conversation_seq: int, message_id: bytes
+    ) -> bool:
+        """The message was recalled or deleted on this shard (13.4): its body is never served
+        again, inline or joined; the entry goes out with ``body_included=false``."""
+        ...

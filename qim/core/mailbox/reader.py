@@ -5,7 +5,9 @@ prefix seek at ``(user, after_seq + 1)`` and then one key per entry, stopping at
 past ``up_to_seq`` or at the end of the user's prefix -- the shard's other users are never
 touched, however many events the shard holds. Bodies are joined afterwards, once per
 ``message_id`` per batch (:func:`join_bodies`), never by a per-entry point lookup against the
-MessageStore.
+MessageStore. A recalled or deleted message's body is never served again (13.4; issue 14): its
+entry, inline or not, goes out with ``body_included=false`` -- the client shows the recalled
+state from the CONTROL entry that follows, or from PULL_HISTORY.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import msgspec
 
 from qim.core.mailbox import keys
 from qim.core.mailbox.ports import EventGroup, KVReader, MailboxReader
+from qim.core.mailbox.session_store import decode_facts, facts_key
 from qim.core.mailbox.values import (
     StoredBody,
     StoredEntry,
@@ -23,6 +26,7 @@ from qim.core.mailbox.values import (
     decode_value,
     decode_vector,
 )
+from qim.schemas.events import EventType
 from qim.schemas.frames.mailbox import SyncEntry
 from qim.schemas.seqs import MAX_COUNTER, MAX_EPOCH
 
@@ -111,6 +115,12 @@ class StoreMailboxReader:
         raw = self._store.get(keys.body_key(tenant_id, message_id))
         return None if raw is None else decode_value(raw, StoredBody)
 
+    def removed(
+        self, tenant_id: str, conversation_id: str, conversation_seq: int, message_id: bytes
+    ) -> bool:
+        raw = self._store.get(facts_key(tenant_id, conversation_id, conversation_seq, message_id))
+        return raw is not None and decode_facts(raw).removed_mailbox_seq != 0
+
 
 def join_bodies(
     reader: MailboxReader, tenant_id: str, entries: Sequence[SyncEntry]
@@ -121,8 +131,17 @@ def join_bodies(
     ``body_included=false`` and the client fetches it with PULL_HISTORY (A.4.1).
     """
     bodies: dict[bytes, StoredBody | None] = {}
+    removed: dict[bytes, bool] = {}
     out: list[SyncEntry] = []
     for entry in entries:
+        if entry.event_type == EventType.MESSAGE:
+            if entry.message_id not in removed:
+                removed[entry.message_id] = reader.removed(
+                    tenant_id, entry.conversation_id, entry.conversation_seq, entry.message_id
+                )
+            if removed[entry.message_id]:
+                out.append(_without_body(entry))
+                continue
         if entry.body_included:
             out.append(entry)
             continue
@@ -143,3 +162,16 @@ def join_bodies(
             )
         )
     return out
+
+
+def _without_body(entry: SyncEntry) -> SyncEntry:
+    """A recalled / deleted message's entry: the reference only (``body_included=false``)."""
+    return msgspec.structs.replace(
+        entry,
+        body_included=False,
+        message_type=None,
+        custom_type=None,
+        schema_version=None,
+        payload_or_ciphertext=None,
+        media_metadata=None,
+    )

@@ -245,16 +245,24 @@ def test_removed_as_of_is_log_consistent() -> None:
     assert [m.conversation_seq for m in source.read_range(CONV, 0, 5, 10, seq(2))] == [1, 2, 3]
 
 
-def test_the_shard_body_copy_is_overwritten_and_a_reapplied_message_does_not_undo_it() -> None:
+def test_a_recalled_body_is_never_served_again_and_a_reapplied_message_does_not_undo_it() -> None:
     inline = message(6, inline_body=True)
     store = run_cut([*FIVE, inline, amend(7, FIVE[1]), amend(8, FIVE[2], "edit", new_payload=b"e")])
     commit(store, materialize(store, [(8, amend(9, inline))], shard_epoch=EPOCH, config=CONFIG))
     joined = {
-        e.conversation_seq: e.payload_or_ciphertext
+        e.conversation_seq: (e.body_included, e.payload_or_ciphertext)
         for e in join_bodies(StoreMailboxReader(store, CONFIG.lane_count), T, entries(store))
         if e.event_type == EventType.MESSAGE
     }
-    assert joined == {1: b"m1", 2: b"", 3: b"e", 4: b"m4", 5: b"m5", 6: b"m6"}  # inline kept
+    # 13.4 / issue 14: a recalled body is never served again, joined (2) or inline (6)
+    assert joined == {
+        1: (True, b"m1"),
+        2: (False, None),
+        3: (True, b"e"),
+        4: (True, b"m4"),
+        5: (True, b"m5"),
+        6: (False, None),
+    }
     # message 2 re-appended after its dedup row expired (log time moved past it)
     later = dispatch(
         10, conversation="c:other", participants=(ME, PEER), sender=PEER, committed_at=10**15
