@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import sys
+import tempfile
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, NoReturn, Protocol
 
@@ -17,6 +20,7 @@ from qim.admin.user_show import user
 from qim.auth.cli import token
 from qim.bench.cli import bench
 from qim.chaos.cli import chaos
+from qim.devstack.procs import FOREGROUND_PID, stop_foreground
 from qim.devstack.stack import Stack
 from qim.gateway.cli import gateway
 
@@ -50,16 +54,26 @@ def up(foreground: bool) -> None:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
-    click.echo("Press Ctrl-C to stop.")
-    stop.wait()
-    click.echo("stopping ...")
-    stack.down()
+    pid_file = stack.cfg.base_dir / FOREGROUND_PID  # `qim down` elsewhere asks us to stop
+    pid_file.write_text(f"{os.getpid()}\n")
+    click.echo("Press Ctrl-C (or run `qim down` in another terminal) to stop.")
+    try:
+        stop.wait()
+        click.echo("stopping ...")
+        stack.down()
+    finally:
+        pid_file.unlink(missing_ok=True)
 
 
 @main.command()
 def down() -> None:
-    """Stop everything `qim up` started."""
-    Stack().down()
+    """Stop everything `qim up` started (a foreground `qim up` / `scripts/run` too: it is
+    asked to stop its own processes, which only it can reap)."""
+    stack = Stack()
+    pid = stop_foreground(stack.cfg.base_dir)
+    if pid is not None:
+        click.echo(f"the foreground qim up (pid {pid}) stopped its stack")
+    stack.down()  # whatever is left (a detached stack, or a foreground one that crashed)
     click.echo("qim is down")
 
 
@@ -113,12 +127,13 @@ def replay() -> None:
 @click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
-    required=True,
-    help="An empty folder for the rebuilt store (one subfolder per shard with --all).",
+    default=None,
+    help="An empty folder for the rebuilt store (one subfolder per shard with --all); "
+    "default: a temporary folder, removed afterwards.",
 )
 @click.option("--bootstrap", envvar="QIM_KAFKA_BOOTSTRAP", default="127.0.0.1:19092")
 def replay_mailbox(
-    shard: int | None, all_shards: bool, datadir: Path, out: Path, bootstrap: str
+    shard: int | None, all_shards: bool, datadir: Path, out: Path | None, bootstrap: str
 ) -> None:
     """Replay a shard's dispatch partition into OUT and compare byte for byte with the live
     store; exit 1 on any difference."""
@@ -137,15 +152,16 @@ def replay_mailbox(
         datadir=datadir,
         store_caps=ROCKSDB_OPTIONS,
     )
-    _report_each(
-        _pick(shard, all_shards, options.store_path(0).parent, "shard-"),
-        "replaying shard",
-        lambda n, progress: asyncio.run(
-            replay_worker_shard(
-                options, n, out / f"shard-{n}" if all_shards else out, progress=progress
-            )
-        ),
-    )
+    with _out_folder(out, "qim-replay-mailbox-") as folder:
+        _report_each(
+            _pick(shard, all_shards, options.store_path(0).parent, "shard-"),
+            "replaying shard",
+            lambda n, progress: asyncio.run(
+                replay_worker_shard(
+                    options, n, folder / f"shard-{n}" if all_shards else folder, progress=progress
+                )
+            ),
+        )
 
 
 @replay.command("history")
@@ -161,12 +177,13 @@ def replay_mailbox(
 @click.option(
     "--out",
     type=click.Path(path_type=Path, file_okay=False),
-    required=True,
-    help="An empty folder for the rebuilt store (one subfolder per partition with --all).",
+    default=None,
+    help="An empty folder for the rebuilt store (one subfolder per partition with --all); "
+    "default: a temporary folder, removed afterwards.",
 )
 @click.option("--bootstrap", envvar="QIM_KAFKA_BOOTSTRAP", default="127.0.0.1:19092")
 def replay_history(
-    partition: int | None, all_partitions: bool, datadir: Path, out: Path, bootstrap: str
+    partition: int | None, all_partitions: bool, datadir: Path, out: Path | None, bootstrap: str
 ) -> None:
     """Replay an outbox partition into a fresh MessageStore under OUT and compare it row by row
     with the live one; exit 1 on any difference."""
@@ -182,15 +199,16 @@ def replay_history(
         Settings.load(), os.environ, bootstrap=bootstrap, datadir=datadir,
         store_caps=ROCKSDB_OPTIONS,
     )  # fmt: skip
-    _report_each(
-        _pick(partition, all_partitions, options.store_path(0).parent, "p"),
-        "replaying partition",
-        lambda n, progress: asyncio.run(
-            replay_history_partition(
-                options, n, out / f"p{n}" if all_partitions else out, progress=progress
-            )
-        ),
-    )
+    with _out_folder(out, "qim-replay-history-") as folder:
+        _report_each(
+            _pick(partition, all_partitions, options.store_path(0).parent, "p"),
+            "replaying partition",
+            lambda n, progress: asyncio.run(
+                replay_history_partition(
+                    options, n, folder / f"p{n}" if all_partitions else folder, progress=progress
+                )
+            ),
+        )
 
 
 @replay.command("projections")
@@ -226,6 +244,17 @@ def replay_projections_cmd(shard: int | None, all_shards: bool, datadir: Path, a
         "projections of shard",
         lambda n, progress: replay_projections(options, n, apply=apply, progress=progress),
     )
+
+
+@contextlib.contextmanager
+def _out_folder(out: Path | None, prefix: str) -> Iterator[Path]:
+    """``--out`` as given, or a temporary folder removed afterwards (the rebuilt copy is only
+    there to be compared; README: ``qim replay mailbox --all`` works as written)."""
+    if out is not None:
+        yield out
+        return
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
+        yield Path(tmp) / "rebuilt"  # replay writes a fresh folder (it must not exist)
 
 
 def _pick(one: int | None, every: bool, folder: Path, prefix: str) -> list[int]:

@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Final
 
 
 def read_pid(pid_file: Path) -> int | None:
@@ -132,3 +133,24 @@ def tail(path: Path, lines: int = 30) -> str:
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
     except FileNotFoundError:
         return f"(no log at {path})"
+
+
+FOREGROUND_PID: Final = "foreground.pid"
+"""Under the stack's base folder: the pid of a ``qim up --foreground`` (``scripts/run``)."""
+
+
+def stop_foreground(base_dir: Path, *, timeout_s: float = 120.0) -> int | None:
+    """Ask a foreground ``qim up`` to stop its stack (SIGTERM = its Ctrl-C) and wait until it
+    has exited; the pid it stopped, or None when no foreground stack runs.
+
+    Why not stop its children directly: they are the foreground process's children, so once
+    killed they stay zombies until *it* reaps them, and ``kill(pid, 0)`` keeps answering."""
+    pid_file = base_dir / FOREGROUND_PID
+    pid = read_pid(pid_file)
+    if pid is None or pid == os.getpid():
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGTERM)
+    wait_until(lambda: not pid_alive(pid), timeout_s=timeout_s, what=f"qim up (pid {pid}) to stop")
+    pid_file.unlink(missing_ok=True)
+    return pid
