@@ -106,6 +106,11 @@ class _VersionHistory:
         versions = self._groups.get(key)
         return None if versions is None else versions.get(version)
 
+    def shards_through(self, key: GroupKey, version: int) -> set[int]:
+        """Every shard with a member in a retained version up to ``version``."""
+        versions = self._groups.get(key, {})
+        return {s for v, info in versions.items() if v <= version for s in info.shards}
+
     def rows(self) -> tuple[_Row, ...]:
         """Canonical rows, sorted by (tenant, group, version)."""
         return tuple(
@@ -198,7 +203,24 @@ class FanoutState:
             else:
                 dispatch = message_dispatch(record, shard)
             out.extend(split_event_groups(dispatch, self.config))
+        if isinstance(record, MessageAmended) and record.conversation_kind != DIRECT:
+            out.extend(self._former_shards(record, set(shards)))
         return out
+
+    def _former_shards(self, record: MessageAmended, current: set[int]) -> list[GroupDispatch]:
+        """A recall / edit also reaches the shards where only former members are (of a
+        retained version): their entries of the target keep its body copy, which must not be
+        served again (13.4). Explicit recipients only (version 0, none): no entry, no slice
+        needed, only the shard's copies are rewritten. A version evicted from the history is
+        not seen (``max_retained_versions``)."""
+        key = (record.tenant_id, record.conversation_id)
+        extra = sorted(self._versions.shards_through(key, record.membership_version) - current)
+        return [
+            msgspec.structs.replace(
+                amend_dispatch(record, shard), membership_version=0, participants=()
+            )
+            for shard in extra
+        ]
 
     def _pinned(self, key: tuple[str, str], version: int) -> VersionInfo | NotReadyReason:
         if version < 1 or version > self.membership.version(*key):

@@ -10,7 +10,7 @@ from qim.schemas.events import EventType
 from qim.schemas.ids import message_id_from_bytes
 from qim.schemas.records.dispatch import GroupDispatch
 from qim.schemas.records.outbox import AmendAction, MessageAmended, MessageCommitted
-from tests.unit.fanout.support import Outbox, run
+from tests.unit.fanout.support import Outbox, run, shard_of
 
 SHARDS = 8
 USERS = [f"user-{i:02d}" for i in range(20)]
@@ -120,3 +120,24 @@ def test_direct_amend_goes_to_the_participants_shards() -> None:
     assert [d.target_mailbox_shard for d in produced] == [d.target_mailbox_shard for d in message]
     assert all(d.participants == ("user-01", "user-02") for d in produced)
     assert all(d.event_type == int(EventType.CONTROL) for d in produced)
+
+
+def test_a_recall_also_rewrites_the_copies_on_a_shard_left_only_with_former_members() -> None:
+    """13.4 / issue 14: a removed member's entry keeps the target's body copy on its shard, so
+    the recall reaches that shard too -- with no recipient (version 0), no entry, no slice."""
+    owner = "user-00"
+    shard_of_owner = shard_of(owner, SHARDS)
+    former = next(u for u in USERS if shard_of(u, SHARDS) != shard_of_owner)
+    outbox = Outbox(shards=SHARDS)
+    outbox.create("g:left", owner, [former])
+    target = outbox.send("g:left", owner)
+    outbox.remove("g:left", [former])
+    amend = _amend(target, outbox, "recall")
+    state = FanoutState(FanoutConfig(mailbox_shard_count=SHARDS))
+    run(state, outbox.log)
+    produced = _dispatches(state.apply_outbox(amend))
+    by_shard = {d.target_mailbox_shard: d for d in produced}
+    assert set(by_shard) == {shard_of_owner, shard_of(former, SHARDS)}
+    extra = by_shard[shard_of(former, SHARDS)]
+    assert (extra.membership_version, extra.participants) == (0, ())
+    assert extra.amend_action == "recall" and extra.target_message_id == target.message_id
