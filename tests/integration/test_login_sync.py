@@ -26,7 +26,7 @@ from qim.client import (
     login_and_sync,
 )
 from qim.devstack.stack import Stack
-from qim.schemas.frames import ErrorCode, MailboxCursor, OnlineReady
+from qim.schemas.frames import ErrorCode, EventType, MailboxCursor, OnlineReady
 from tests.gateway_support import Gateway
 from tests.integration.login_support import (
     from_alice,
@@ -72,7 +72,9 @@ async def test_offline_messages_are_pulled_once_and_the_saved_cursor_resumes(
             first = await bob_logs_in(gw, tenant, None)
             assert first.auth_ok.has_offline and first.auth_ok.sync_to_seq > 0
             got = from_alice(first.entries)
-            assert got == first.entries  # alice's messages and nothing else
+            joined = [e for e in first.entries if e.event_type == EventType.MEMBERSHIP]
+            assert [e.conversation_id for e in joined] == [group]  # the create (12.9)
+            assert got == [e for e in first.entries if e not in joined]  # and alice's messages
             assert len(got) == 6 and len({(e.message_id, e.event_id) for e in got}) == 6
             in_group = [e for e in got if e.conversation_id == group]
             in_group.sort(key=lambda e: e.conversation_seq)
