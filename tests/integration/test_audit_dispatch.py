@@ -271,7 +271,9 @@ async def test_audit_is_clean_after_kill_9_of_every_worker_type_and_names_inject
         code, report = await run_audit(stack, mailbox.worker.datadir)
         assert (code, report.get("findings")) == (0, []), report
         group_messages = ROUNDS + len(bursts)  # each reaches all 500 members, alice included
-        assert report["expected_entries"] == group_messages * (len(MEMBERS) + 1) + 2 * ROUNDS
+        creates = len(MEMBERS) + 1  # the create's MEMBERSHIP entries, one per member (12.9)
+        expected = group_messages * (len(MEMBERS) + 1) + 2 * ROUNDS + creates
+        assert report["expected_entries"] == expected
         assert report["entries_seen"] == report["expected_entries"]
 
         # 2. Every always-zero counter the restarted processes export reads 0.

@@ -90,7 +90,7 @@ def observe(metrics: FanoutMetrics, fed: Fed, now: float) -> None:
     trace_dispatched(log, fed.dispatches)
     for record, count in fed.sent:
         if count == 0:
-            continue  # a create: nothing was dispatched, so there is no lag to speak of
+            continue  # an earlier create chunk: nothing dispatched, no lag to speak of
         metrics.lag.observe(max(0.0, now - record.committed_at / 1000))
         if isinstance(record, MessageCommitted):
             metrics.outbox_records.labels("message").inc()
