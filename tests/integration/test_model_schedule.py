@@ -41,10 +41,10 @@ from qim.client import DeviceCursor, Identity, SyncResult, login_and_sync
 from qim.core.history import MessageState
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
 from qim.params import Settings
-from qim.schemas.frames import EventType, SyncEntry
+from qim.schemas.frames import EventType, Frame, SyncEntry
 from tests.gateway_support import Gateway
 from tests.integration.device_support import WAIT_S
-from tests.integration.login_support import new_client, pipeline, syncing_gateway
+from tests.integration.login_support import FrameRecorder, new_client, pipeline, syncing_gateway
 from tests.integration.mailbox_support import WORKER_ENV
 
 pytestmark = pytest.mark.integration
@@ -196,20 +196,29 @@ class Run:
         self.sends: list[tuple[Event, str, int]] = []  # (event, client_message_id, seq)
         self.serial = 0
 
-    async def login(self, user: str, device: str, cursor: DeviceCursor | None) -> SyncResult:
+    async def login(
+        self,
+        user: str,
+        device: str,
+        cursor: DeviceCursor | None,
+        recorder: FrameRecorder | None = None,
+    ) -> SyncResult:
         token = await self.gw.token(user, device, self.tenant)
-        result = await login_and_sync(new_client(), self.gw.ws_url, token, device, cursor)
+        client = new_client(recorder)
+        result = await login_and_sync(client, self.gw.ws_url, token, device, cursor)
         result.client.identity = Identity(self.tenant, user)
         return result
 
-    async def phone(self, user: str, *, fresh_login: bool = False) -> SyncResult:
+    async def phone(
+        self, user: str, *, fresh_login: bool = False, recorder: FrameRecorder | None = None
+    ) -> SyncResult:
         """The user's phone, logged in again with its saved cursor when asked to."""
         current = self.phones.get(user)
         if current is not None and not fresh_login:
             return current
         if current is not None:
             await current.client.close()
-        result = await self.login(user, "phone", self.cursors[user])
+        result = await self.login(user, "phone", self.cursors[user], recorder)
         self.pulled[user] += entries_of(result.entries)
         self.cursors[user] = result.cursor
         self.phones[user] = result
@@ -332,7 +341,27 @@ class Run:
         self.model.remove(group, user)
 
     async def _login(self) -> None:
-        await self.phone(self.rng.choice(USERS), fresh_login=True)
+        """A login with the saved cursor while messages flow into the user's conversation:
+        no SESSION_DELTA / BADGE_UPDATE / READ_SYNC before ONLINE_READY (12.8.3, 9.4)."""
+        user, peer = self.rng.sample(USERS, 2)
+        sender = await self.phone(peer)
+        recorder = FrameRecorder()
+
+        async def traffic() -> None:
+            for _ in range(4):
+                self.serial += 1
+                cmid, payload = f"c{self.serial}", f"dm{self.serial}".encode()
+                ack = await sender.client.send_direct(user, payload, client_message_id=cmid)
+                conv = sender.client.direct_conversation_id(user)
+                event = self.model.send(conv, peer, {peer, user}, payload)
+                assert ack.conversation_seq == event.seq
+                self.sends.append((event, cmid, ack.conversation_seq))
+
+        await asyncio.gather(self.phone(user, fresh_login=True, recorder=recorder), traffic())
+        names = [f.name for f in recorder.received() if isinstance(f, Frame)]
+        assert "ONLINE_READY" in names, names
+        early = names[: names.index("ONLINE_READY")]
+        assert not {"SESSION_DELTA", "BADGE_UPDATE", "READ_SYNC"} & set(early), early
 
     async def check(self) -> None:
         """Fresh devices, the phones' cursor logins, the lists, badges and history."""
