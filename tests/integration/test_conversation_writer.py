@@ -263,7 +263,7 @@ async def test_a_crash_at_each_commit_step_leaves_one_message_one_seq_one_head(
     history = await client.history(tenant, "bob", group)
     assert [m.client_message_id for m in history] == [None, *sent]
     head = await client.call(pull_history(tenant, "bob", group))
-    assert head.history is not None and head.history.latest_conversation_seq == 4
+    assert head.history is not None and head.history.latest_conversation_seq == 5  # create + 4
     committed = await read_outbox(client.bootstrap, tenant, group)
     assert [r.client_message_id for r in committed if isinstance(r, MessageCommitted)] == list(sent)
 
@@ -351,8 +351,8 @@ async def test_a_fenced_producer_can_neither_append_nor_commit(private: PrivateP
         await private.process(old, send(tenant, "alice", group, "from-the-old-owner"))
     await private.process(new, send(tenant, "alice", group, "from-the-new-owner"))
     assert await private.messages(group) == [
-        ("before", 1, 1),
-        ("from-the-new-owner", 2, 2),
+        ("before", 2, 1),  # the create is seq 1
+        ("from-the-new-owner", 3, 2),
     ]
 
 
@@ -382,8 +382,8 @@ async def test_a_takeover_restores_from_the_checkpoint_and_rebuilds_a_bad_store(
     assert second.writer.store.applied_offset == first.writer.store.applied_offset
     await private.process(second, send(tenant, "alice", group, "after"))
     assert [m[:2] for m in await private.messages(group)] == [
-        *((f"m{i}", i + 1) for i in range(4)),
-        ("after", 5),
+        *((f"m{i}", i + 2) for i in range(4)),  # the create is seq 1
+        ("after", 6),
     ]
 
 
@@ -402,7 +402,7 @@ async def test_history_survives_a_wiped_message_store(workers: Workers, client: 
     await writer.start()
     await writer.serving()
     assert await client.history(tenant, "bob", group) == before
-    assert len(before) == 10
+    assert len(before) == 11  # the create's CONTROL row and the 10 messages
 
 
 async def test_a_group_of_10000_members_is_created_in_chunks_and_works(
@@ -417,7 +417,7 @@ async def test_a_group_of_10000_members_is_created_in_chunks_and_works(
 
     # The last invitee is a member: it can send and page the member list.
     ack = await client.call(send(tenant, "m-09999", group, "from-the-last-member"))
-    assert ack_fields(ack)[1] == 1  # creation itself uses no seq (A.3 #21)
+    assert ack_fields(ack)[1] == 2  # the create is the group's first CONTROL message (12.9)
     page = await client.call(pull_members(tenant, "m-00000", group))
     assert page.members is not None and page.members.total_hint == 10_001
     assert page.members.has_more and len(page.members.members) > 0
