@@ -29,6 +29,7 @@ class CloseReason(Enum):
     """Why a connection ended; the label of ``connections_closed_total{reason}``."""
 
     PROTOCOL_ERROR = "protocol_error"  # framing, decoding, direction (§20.1)
+    FRAME_TOO_LARGE = "frame_too_large"  # a body or reassembly over the current limit (§20.1)
     NOT_AUTHENTICATED = "not_authenticated"  # a frame other than AUTH before AUTH_OK
     DUPLICATE_AUTH = "duplicate_auth"  # AUTH while one is in flight / for another device
     AUTH_FAILED = "auth_failed"  # AuthService refused the token or client
@@ -42,6 +43,33 @@ class CloseReason(Enum):
     TOKEN_EXPIRED = "token_expired"  # token_expiry_grace over without renewal (§15.3.1)
     PEER_CLOSED = "peer_closed"
     SHUTDOWN = "shutdown"
+
+
+# RFC 6455 section 7.4.1 (and IANA's 1013) for a WebSocket close with this reason: a client
+# library tells a protocol violation (1002) from a policy refusal (1008), an oversized message
+# (1009) and a "try again later" (1013) without parsing a reason string (issue 15.3).
+WS_CLOSE_CODES: dict[CloseReason, int] = {
+    CloseReason.PROTOCOL_ERROR: 1002,
+    CloseReason.FRAME_TOO_LARGE: 1009,
+    CloseReason.NOT_AUTHENTICATED: 1008,
+    CloseReason.DUPLICATE_AUTH: 1008,
+    CloseReason.AUTH_FAILED: 1008,
+    CloseReason.CURSOR_REJECTED: 1008,
+    CloseReason.UNAUTH_TIMEOUT: 1008,
+    CloseReason.KICKED: 1008,
+    CloseReason.SLOW_CONSUMER: 1008,
+    CloseReason.TOKEN_EXPIRED: 1008,
+    CloseReason.REFUSED: 1013,
+    CloseReason.SHUTDOWN: 1001,
+    CloseReason.IDLE_TIMEOUT: 1000,
+    CloseReason.REDIRECTED: 1000,
+    CloseReason.PEER_CLOSED: 1000,
+}
+
+
+def ws_close_code(reason: CloseReason | None) -> int:
+    """The WebSocket close code for ``reason``; 1011 (server error) when none was decided."""
+    return 1011 if reason is None else WS_CLOSE_CODES[reason]
 
 
 @dataclass(frozen=True, slots=True)

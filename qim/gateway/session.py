@@ -60,6 +60,7 @@ from qim.schemas.frames import (
     ErrorCode,
     Frame,
     FrameDecoder,
+    FrameTooLarge,
     Kicked,
     LimitExceeded,
     Limits,
@@ -200,6 +201,9 @@ class Session(SessionPushes):
         """Dispatch one decoded frame by the current state."""
         if self.closed:
             return []
+        version = frame.header.version
+        if self.grant is not None and version not in self.config.server_versions:
+            return self._bad_version(version, frame.header.request_id)
         if isinstance(frame, UnknownFrame):
             return self._unknown(frame, now_ms)
         body = frame.body
@@ -340,6 +344,14 @@ class Session(SessionPushes):
         rid = body.request_id if isinstance(body, Error) else 0
         return [Send(body, request_id=rid, version=self.version), *self._close(reason, detail)]
 
+    def _bad_version(self, version: int, request_id: int) -> list[Action]:
+        """A logged-in peer sent a header version no side negotiated: the framing is no longer
+        trusted (20.1), so ERROR{UPGRADE_REQUIRED} and a protocol close (1002), never a PONG."""
+        self._fire(Event.PROTOCOL_ERROR)
+        error = upgrade_required(version, self.config.server_versions, request_id)
+        counted = Count("protocol_error", "UnsupportedVersion")
+        return [counted, *self._final(error, CloseReason.PROTOCOL_ERROR, error.detail)]
+
     def _denied(
         self, detail: str, request_id: int, reason: CloseReason = CloseReason.NOT_AUTHENTICATED
     ) -> list[Action]:
@@ -377,7 +389,12 @@ class Session(SessionPushes):
             return [counted, *sent]
         self._fire(Event.PROTOCOL_ERROR)
         counted = Count("protocol_error", type(exc).__name__)
-        return [counted, *self._final(error, CloseReason.PROTOCOL_ERROR, exc.detail)]
+        reason = (
+            CloseReason.FRAME_TOO_LARGE
+            if isinstance(exc, FrameTooLarge)
+            else CloseReason.PROTOCOL_ERROR
+        )
+        return [counted, *self._final(error, reason, exc.detail)]
 
     def _unknown(self, frame: UnknownFrame, now_ms: int) -> list[Action]:
         rid = frame.header.request_id

@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from qim.bench.procstats import read_sample
 from qim.devstack import procs
 from qim.devstack.stack import GatewaySpec, Stack
+from qim.schemas.frames import SendMessage, encode_frame
 from qim.schemas.frames.header import FrameFlags, FrameHeader
 
 pytestmark = pytest.mark.integration
@@ -64,17 +65,20 @@ def _rss(pid: int) -> int:
 
 async def _attack(url: str, pieces: list[bytes]) -> int | None:
     """Send until the gateway closes; returns the close code (None: it never closed)."""
-    async with connect(url, max_size=None, open_timeout=30) as ws:
-        try:
-            for piece in pieces:
-                await ws.send(piece)
-            await asyncio.wait_for(ws.recv(), timeout=30)  # a refusal frame, then the close
-            await asyncio.wait_for(ws.recv(), timeout=30)
-        except ConnectionClosed:
-            pass
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(ws.wait_closed(), timeout=30)
-        return ws.close_code
+    ws = await connect(url, max_size=None, open_timeout=30)
+    try:
+        for piece in pieces:
+            await ws.send(piece)
+        await asyncio.wait_for(ws.recv(), timeout=30)  # a refusal frame, then the close
+        await asyncio.wait_for(ws.recv(), timeout=30)
+    except ConnectionClosed:
+        pass
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(ws.wait_closed(), timeout=30)
+    code = ws.close_code
+    if code is None:
+        await ws.close()
+    return code
 
 
 async def test_unauthenticated_fragment_floods_are_closed_and_memory_stays_bounded(
@@ -94,3 +98,12 @@ async def test_unauthenticated_fragment_floods_are_closed_and_memory_stays_bound
     assert all(code == 1009 for code in codes), codes  # message too big, refused while read
     after = _rss(pid)
     assert after <= before + RSS_BOUND, (before, after)
+
+
+async def test_close_codes_follow_rfc_6455(gateway: tuple[str, int]) -> None:
+    """A broken header closes with 1002 (protocol error), a non-AUTH first frame with 1008."""
+    url, _ = gateway
+    broken = bytearray(_piece(0, more=False, size=8))
+    broken[19] ^= 0xFF  # the header's CRC32C no longer matches
+    assert await _attack(url, [bytes(broken)]) == 1002
+    assert await _attack(url, [encode_frame(SendMessage(), 3)]) == 1008

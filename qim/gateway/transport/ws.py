@@ -9,6 +9,7 @@ of ``max_frame_bytes``; the decoder still judges ``body_len`` before decoding (Â
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from http import HTTPStatus
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,7 @@ from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.exceptions import ConnectionClosed
 from websockets.http11 import Request, Response
 
-from qim.gateway.actions import CloseReason
+from qim.gateway.actions import CloseReason, ws_close_code
 from qim.gateway.transport.connection import Connection
 from qim.gateway.transport.tcp import limit_send_buffer
 from qim.gateway.transport.tls import ALPN_HTTP, server_context
@@ -33,6 +34,7 @@ class WsTransport:
 
     def __init__(self, ws: ServerConnection) -> None:
         self.ws = ws
+        self.reason: Callable[[], CloseReason | None] = lambda: None  # set once attached
 
     async def send(self, pieces: list[bytes]) -> None:
         try:
@@ -48,7 +50,8 @@ class WsTransport:
         return 0 if transport is None else int(transport.get_write_buffer_size())
 
     async def close(self) -> None:
-        await self.ws.close()
+        """Close with the RFC 6455 code of the session's close reason (``ws_close_code``)."""
+        await self.ws.close(code=ws_close_code(self.reason()))
 
 
 def _peer_ip(ws: ServerConnection) -> str:
@@ -73,7 +76,9 @@ async def start_ws_server(node: ConnectionNode) -> Server:
         peer = _peer_ip(ws)
         node.acquire(peer)
         limit_send_buffer(ws.transport.get_extra_info("socket"), cfg.socket_send_buffer_bytes)
-        conn = node.attach(WsTransport(ws), peer)
+        transport = WsTransport(ws)
+        conn = node.attach(transport, peer)
+        transport.reason = lambda: conn.session.close_reason
         # Before AUTH_OK websockets itself may hold no more than one AUTH frame: a larger
         # message is refused while it is read (close 1009), never buffered (issue 15.2).
         protocol = ws.protocol
