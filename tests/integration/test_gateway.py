@@ -404,6 +404,8 @@ async def test_heartbeats_never_touch_redis(gw: Gateway, auth: RealAuth) -> None
     for i in range(30):
         await client.ping(i)
     await client.send(SendMessage(client_message_id="c1", conversation_id="c"), 3)
+    refusal = await client.expect(Error)  # this node routes nothing: "not offered" (issue 16)
+    assert refusal.request_id == 3 and "SEND_MESSAGE" in refusal.detail
     assert (await client.ping(99)).ping_id == 99
     assert await calls() == before
     await client.close()
