@@ -1,0 +1,161 @@
+// QimClient against an in-process fake ConnectionNode speaking the real codec.
+import { test } from 'node:test';
+import assert from 'node:assert/strict';
+import { encodeFrame, decodeMessage } from '../dist/codec.js';
+import { QimClient, MemoryCursorStore } from '../dist/index.js';
+
+const id16 = (n) => { const b = new Uint8Array(16); b[15] = n; return b; };
+const entry = (seq, n) => ({
+  mailbox_seq: seq, event_id: 1000 + n, message_id: id16(n), conversation_id: 'g:team', conversation_seq: n,
+  last_activity_id: id16(n), sender_id: 'bob', created_at: 1, body_included: true, message_type: 1,
+  payload_or_ciphertext: new TextEncoder().encode(`m${n}`),
+});
+
+/** A scripted server: `handlers[name](body, header, server)` answers uplink frames. */
+function fakeServer(handlers) {
+  const server = { sockets: [], received: [] };
+  server.push = (name, body, requestId = 0) => {
+    const ws = server.sockets.at(-1);
+    ws.onmessage({ data: encodeFrame(name, body, { requestId, sender: 'server' }).buffer });
+  };
+  class FakeWs {
+    constructor(url) {
+      this.url = url; this.readyState = 0; this.binaryType = 'blob';
+      server.sockets.push(this);
+      queueMicrotask(() => { this.readyState = 1; this.onopen?.({}); });
+    }
+    send(data) {
+      const f = decodeMessage(data, 'server');
+      server.received.push(f);
+      const h = handlers[f.name];
+      if (h) queueMicrotask(() => h(f.body, f.header, server, this));
+    }
+    close() {
+      if (this.readyState === 3) return;
+      this.readyState = 3;
+      queueMicrotask(() => this.onclose?.({}));
+    }
+  }
+  server.WebSocket = FakeWs;
+  return server;
+}
+
+const reply = (ws, name, body, requestId) => ws.onmessage({ data: encodeFrame(name, body, { requestId, sender: 'server' }).buffer });
+
+function standardHandlers(batches, opts = {}) {
+  return {
+    AUTH: (body, h, s, ws) => {
+      s.auth = body;
+      reply(ws, 'AUTH_OK', { session_epoch: 1, sync_to_seq: 3, has_offline: true, mailbox_cursor_token: new Uint8Array([9]), next_ping_interval_ms: 60000 }, h.requestId);
+    },
+    PULL_MAILBOX: (body, h, s, ws) => {
+      const b = batches.shift() ?? { entries: [], covered_through_seq: body.after_seq, has_more: false };
+      if (opts.pushDuringSync && !s.pushed) {
+        s.pushed = true;
+        reply(ws, 'PUSH_EVENTS', { events: [entry(4, 4), entry(2, 2)] }, 0);
+      }
+      reply(ws, 'MAILBOX_BATCH', b, h.requestId);
+    },
+    SYNC_COMPLETE: (body, h, s, ws) => reply(ws, 'ONLINE_READY', {}, 0),
+    ...opts.extra,
+  };
+}
+
+test('login pulls to sync_to_seq, persists the cursor, holds pushes until ONLINE_READY and drops duplicates', async () => {
+  const server = fakeServer(standardHandlers([
+    { entries: [entry(1, 1), entry(2, 2)], covered_through_seq: 2, has_more: true },
+    { entries: [entry(3, 3)], covered_through_seq: 3, has_more: false },
+  ], { pushDuringSync: true }));
+  const store = new MemoryCursorStore();
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', store, WebSocket: server.WebSocket });
+  const seen = [];
+  const order = [];
+  c.on((e) => {
+    if (e.type === 'entries') seen.push(...e.entries.map((x) => [e.source, x.conversation_seq]));
+    if (e.type === 'state') order.push(e.state);
+  });
+  await c.start();
+  assert.deepEqual(seen, [['pull', 1], ['pull', 2], ['pull', 3], ['push', 4]]);
+  assert.deepEqual((await store.load('d1')).token, new Uint8Array([9]));
+  assert.equal((await store.load('d1')).lastAppliedMailboxSeq, 3);
+  const names = server.received.map((f) => f.name);
+  assert.deepEqual(names.slice(0, 5), ['AUTH', 'PULL_MAILBOX', 'PULL_MAILBOX', 'SYNC_COMPLETE', 'PULL_MAILBOX']);
+  assert.equal(order.at(-1), 'online');
+  c.close();
+});
+
+test('a restarted client presents the persisted cursor and pulls after it', async () => {
+  const store = new MemoryCursorStore();
+  await store.save('d1', { token: new Uint8Array([7]), lastAppliedMailboxSeq: 3 });
+  const server = fakeServer(standardHandlers([]));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', store, WebSocket: server.WebSocket });
+  await c.start();
+  assert.deepEqual(server.auth.mailbox_cursor, { token: new Uint8Array([7]), last_applied_mailbox_seq: 3 });
+  assert.equal(server.received.find((f) => f.name === 'PULL_MAILBOX').body.after_seq, 3);
+  c.close();
+});
+
+test('a send lost with its connection is retried after the reconnect with the same client_message_id', async () => {
+  const cmids = [];
+  const server = fakeServer(standardHandlers([], {
+    extra: {
+      SEND_MESSAGE: (body, h, s, ws) => {
+        cmids.push(body.client_message_id);
+        assert.equal(body.request_id, h.requestId);
+        if (cmids.length === 1) ws.close();
+        else reply(ws, 'SEND_ACK', { request_id: h.requestId, client_message_id: body.client_message_id, message_id: id16(5), conversation_seq: 5, last_activity_id: id16(5) }, h.requestId);
+      },
+    },
+  }));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', WebSocket: server.WebSocket, backoffInitialMs: 1, backoffMaxMs: 5 });
+  await c.start();
+  const ack = await c.sendMessage('g:team', new Uint8Array([1]));
+  assert.equal(ack.conversation_seq, 5);
+  assert.equal(cmids.length, 2);
+  assert.equal(cmids[0], cmids[1]);
+  assert.equal(server.received.filter((f) => f.name === 'AUTH').length, 2);
+  c.close();
+});
+
+test('an ERROR answering a request rejects it with its A.6 code', async () => {
+  const server = fakeServer(standardHandlers([], {
+    extra: { RECALL: (body, h, s, ws) => reply(ws, 'ERROR', { code: 15, detail: 'not yours', request_id: h.requestId }, h.requestId) },
+  }));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', WebSocket: server.WebSocket });
+  await c.start();
+  await assert.rejects(c.recall('g:team', 3), (e) => e.codeName === 'PERMISSION_DENIED');
+  c.close();
+});
+
+test('the session list takes pages, newer deltas only, READ_SYNC and badges', async () => {
+  const row = { conversation_id: 'g:team', latest_conversation_seq: 4, last_activity_id: id16(4), unread_count: 2, unread_exact: true };
+  const server = fakeServer(standardHandlers([], {
+    extra: { PULL_SESSION_LIST: (body, h, s, ws) => reply(ws, 'SESSION_LIST_BATCH', { sessions: [row], snapshot_revision: 1 }, h.requestId) },
+  }));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', WebSocket: server.WebSocket });
+  await c.start();
+  const rows = await c.loadSessionList();
+  assert.equal(rows[0].unread_count, 2);
+  server.push('SESSION_DELTA', { conversation_id: 'g:team', projection_mailbox_seq: 9, latest_conversation_seq: 5, unread_count: 3, last_activity_id: id16(5), last_message_id: id16(5) });
+  server.push('SESSION_DELTA', { conversation_id: 'g:team', projection_mailbox_seq: 8, latest_conversation_seq: 4, unread_count: 1 });
+  assert.equal(c.sessions.rows.get('g:team').unread_count, 3);
+  server.push('READ_SYNC', { conversation_id: 'g:team', read_conversation_seq: 5 });
+  assert.equal(c.sessions.rows.get('g:team').unread_count, 0);
+  server.push('BADGE_UPDATE', { total_unread: 0, badge_projection_mailbox_seq: 10 });
+  assert.equal(c.sessions.badge.total_unread, 0);
+  c.markRead('g:team', 5);
+  assert.equal(server.received.at(-1).name, 'MARK_READ');
+  c.close();
+});
+
+test('a missing PONG drops the link and the client logs in again', async () => {
+  const server = fakeServer({
+    ...standardHandlers([]),
+    AUTH: (body, h, s, ws) => reply(ws, 'AUTH_OK', { session_epoch: 1, next_ping_interval_ms: 5 }, h.requestId),
+  });
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', WebSocket: server.WebSocket, backoffInitialMs: 1, backoffMaxMs: 2 });
+  await c.start();
+  while (server.received.filter((f) => f.name === 'AUTH').length < 2) await new Promise((r) => setTimeout(r, 5));
+  assert.ok(server.received.some((f) => f.name === 'PING'));
+  c.close();
+});
