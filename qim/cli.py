@@ -49,6 +49,9 @@ def up(foreground: bool) -> None:
     urls = ", ".join(g.url for g in stack.cfg.gateways)
     click.echo(f"qim is up: clients connect to {urls} (Kafka {stack.cfg.kafka.bootstrap})")
     click.echo("a token: .venv/bin/qim token issue --tenant demo --user alice --device phone")
+    for a in stack.cfg.admins:
+        if a.web_url is not None:
+            click.echo(f"try it in a browser: {a.web_url}")
     if not foreground:
         return
     stop = threading.Event()

@@ -193,6 +193,16 @@ def admin() -> None:
     show_default=True,
     help="Seconds to wait for the writer's AdminReply.",
 )
+@click.option(
+    "--dev-web-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Development stack only: also serve the browser chat client and /dev/token here.",
+)
+@click.option("--dev-tenant", default="demo", show_default=True, help="Tenant of /dev/token.")
+@click.option(
+    "--gateway-url", default="ws://127.0.0.1:18080/", show_default=True, help="For the client."
+)
 def serve(
     host: str,
     port: int,
@@ -201,6 +211,9 @@ def serve(
     node_id: str,
     conversation_partitions: int,
     reply_timeout_s: float,
+    dev_web_port: int | None,
+    dev_tenant: str,
+    gateway_url: str,
 ) -> None:
     """Serve POST/DELETE/GET /v1/groups... until Ctrl-C (requests go through Kafka)."""
     from qim.admin.groups import GroupAdmin
@@ -227,9 +240,20 @@ def serve(
             partition_count=conversation_partitions,
             timeout_s=reply_timeout_s,
         )
-        await serve_group_admin(
-            group_admin, admin_secret, host=host, port=port, ready=ready, stop=stop
-        )
+        dev_web = None
+        if dev_web_port is not None:
+            from qim.admin.devweb import DevWebConfig, start_dev_web
+
+            dev_cfg = DevWebConfig(tenant_id=dev_tenant, gateway_url=gateway_url, host=host)
+            dev_web = await start_dev_web(dev_cfg, dev_web_port)
+            click.echo(f"browser chat client on http://{host}:{dev_web_port}/")
+        try:
+            await serve_group_admin(
+                group_admin, admin_secret, host=host, port=port, ready=ready, stop=stop
+            )
+        finally:
+            if dev_web is not None:
+                await dev_web.cleanup()
 
     try:
         asyncio.run(run())

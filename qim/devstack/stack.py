@@ -69,10 +69,16 @@ class AdminSpec:
 
     name: str = "admin-1"
     port: int = 16091
+    dev_web_port: int | None = 18090
+    """The browser chat client and /dev/token (qim.admin.devweb); None = not served."""
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def web_url(self) -> str | None:
+        return None if self.dev_web_port is None else f"http://127.0.0.1:{self.dev_web_port}/"
 
 
 @dataclass(frozen=True)
@@ -142,7 +148,10 @@ class StackConfig:
                 replace(g, ws_port=procs.free_port(), metrics_port=procs.free_port())
                 for g in self.gateways
             ),
-            admins=tuple(replace(a, port=procs.free_port()) for a in self.admins),
+            admins=tuple(
+                replace(a, port=procs.free_port(), dev_web_port=procs.free_port())
+                for a in self.admins
+            ),
         )
 
 
@@ -296,6 +305,9 @@ class Stack:
         adir = self._admin_dir(a)
         pid_file, log_file = adir / "admin.pid", adir / "admin.log"
         argv = ["admin", "serve", "--port", str(a.port), "--node-id", a.name]
+        if a.dev_web_port is not None and self.cfg.gateways:
+            argv += ["--dev-web-port", str(a.dev_web_port), "--gateway-url"]
+            argv += [self.cfg.gateways[0].url]
         self._run_listener(a.name, argv, pid_file, log_file, a.port, timeout_s)
 
     def _run_listener(
