@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Installs everything qim needs on a fresh machine, and does nothing that is already done:
 # Debian's redis-server (and Java/Maven if missing), the virtualenv with pinned Python packages,
-# and the Kafka broker jars from Maven Central. Called by scripts/run and scripts/test.
+# the Kafka broker jars from Maven Central, Node.js with the JS SDK's packages (npm ci against the
+# committed package-lock.json, then its tsc build) and Debian's chromium for the browser tests.
+# Called by scripts/run and scripts/test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +29,15 @@ if ! command -v mvn >/dev/null 2>&1; then
   apt_install maven
 fi
 
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "bootstrap: installing Node.js and npm (Debian)"
+  apt_install nodejs npm
+fi
+if ! [ -x /usr/bin/chromium ]; then
+  echo "bootstrap: installing chromium (Debian; the browser tests drive it headless)"
+  apt_install chromium
+fi
+
 PY="${QIM_PYTHON:-python3.11}"
 if ! command -v "$PY" >/dev/null 2>&1; then
   echo "bootstrap: $PY is required (Python 3.11)" >&2
@@ -42,3 +53,14 @@ if [ ! -x .venv/bin/python ] || [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stam
 fi
 
 .venv/bin/python -c 'from qim.devstack.kafka import ensure_jars; print("bootstrap: Kafka jars in", ensure_jars())'
+
+js_stamp=sdk/js/node_modules/.qim-installed
+if [ ! -f "$js_stamp" ] || [ sdk/js/package-lock.json -nt "$js_stamp" ]; then
+  echo "bootstrap: npm ci in sdk/js"
+  (cd sdk/js && npm ci --no-audit --no-fund --loglevel=error)
+  touch "$js_stamp"
+fi
+if [ ! -f sdk/js/dist/index.js ] || [ -n "$(find sdk/js/src sdk/js/tsconfig.json -newer sdk/js/dist/index.js 2>/dev/null | head -1)" ]; then
+  echo "bootstrap: building the JS SDK (tsc)"
+  (cd sdk/js && npm run --silent build)
+fi

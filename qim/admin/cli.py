@@ -245,8 +245,12 @@ def serve(
             from qim.admin.devweb import DevWebConfig, start_dev_web
 
             dev_cfg = DevWebConfig(tenant_id=dev_tenant, gateway_url=gateway_url, host=host)
-            dev_web = await start_dev_web(dev_cfg, dev_web_port)
-            click.echo(f"browser chat client on http://{host}:{dev_web_port}/")
+            try:
+                dev_web = await start_dev_web(dev_cfg, dev_web_port)
+            except ValueError as exc:  # not the dev stack: the group endpoint still serves
+                click.echo(f"browser chat client not served: {exc}", err=True)
+            else:
+                click.echo(f"browser chat client on http://{host}:{dev_web_port}/")
         try:
             await serve_group_admin(
                 group_admin, admin_secret, host=host, port=port, ready=ready, stop=stop

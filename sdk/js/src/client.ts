@@ -135,6 +135,9 @@ export class QimClient {
   private onlineWaiters: Array<() => void> = [];
   private attempt = 0;
   private syncCompleteWaiter: ((f: Frame) => void) | null = null;
+  private lastPushedUserSeq = 0n;
+  private catchUpTimer: ReturnType<typeof setTimeout> | null = null;
+  private catchingUp = false;
 
   constructor(options: ClientOptions) {
     this.opts = {
@@ -178,6 +181,8 @@ export class QimClient {
 
   close(): void {
     this.closedByUser = true;
+    if (this.catchUpTimer) clearTimeout(this.catchUpTimer);
+    this.catchUpTimer = null;
     this.stopHeartbeat();
     this.ws?.close(1000);
     this.ws = null;
@@ -278,6 +283,7 @@ export class QimClient {
     if (ctok.length > 0) auth.mailbox_cursor = { token: ctok, last_applied_mailbox_seq: seq };
     const ok = (await this.request('AUTH', auth, 'AUTH_OK')).body;
     this.authOk = ok;
+    this.lastPushedUserSeq = big(ok.sync_to_seq as number | bigint);
     const okToken = ok.mailbox_cursor_token as Uint8Array;
     if (okToken.length > 0) this.cursor = { ...this.cursor, token: okToken };
     this.startHeartbeat(num(ok.next_ping_interval_ms) || 30000);
@@ -291,7 +297,15 @@ export class QimClient {
     if (ok.has_offline) await this.pullRange(syncTo);
     const ready = new Promise<Frame>((resolve) => (this.syncCompleteWaiter = resolve));
     this.sendFrame('SYNC_COMPLETE', { sync_to_seq: ok.sync_to_seq }, this.allocRequestId());
-    await Promise.race([ready, this.timeout('ONLINE_READY')]);
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const late = new Promise<never>((_, reject) => {
+      timer = setTimeout(() => reject(new Disconnected('no ONLINE_READY')), this.opts.requestTimeoutMs);
+    });
+    try {
+      await Promise.race([ready, late]);
+    } finally {
+      clearTimeout(timer);
+    }
     if (!ok.has_offline && big(this.cursor.lastAppliedMailboxSeq) < syncTo) await this.saveCursor(ok.sync_to_seq as number);
     this.barrierOpen = true;
     const held = this.held;
@@ -299,10 +313,6 @@ export class QimClient {
     this.deliver(held, 'push');
     await this.pullRange(0n); // top-up: closes the login race (§9.3)
     this.setState('online');
-  }
-
-  private timeout(what: string): Promise<never> {
-    return new Promise((_, reject) => setTimeout(() => reject(new Disconnected(`no ${what}`)), this.opts.requestTimeoutMs));
   }
 
   /** PULL_MAILBOX from the cursor until `upTo` is covered (0 = the lane's current watermark). */
@@ -334,6 +344,25 @@ export class QimClient {
       fresh.push(e);
     }
     if (fresh.length) this.emit({ type: 'entries', entries: fresh, source });
+  }
+
+  /**
+   * Pushes never move the cursor (§9.4.3): a catch-up PULL_MAILBOX does, once the cursor is
+   * below last_pushed_user_seq or the server says mailbox_dirty (dedup drops what was pushed).
+   */
+  private notePushed(seq: number | bigint, dirty: boolean): void {
+    const pushed = big(seq ?? 0);
+    if (pushed > this.lastPushedUserSeq) this.lastPushedUserSeq = pushed;
+    if (!dirty && big(this.cursor.lastAppliedMailboxSeq) >= this.lastPushedUserSeq) return;
+    if (this.catchUpTimer || this.catchingUp) return;
+    this.catchUpTimer = setTimeout(() => {
+      this.catchUpTimer = null;
+      if (this.state !== 'online') return;
+      this.catchingUp = true;
+      this.pullRange(0n)
+        .catch((e: Error) => this.emit({ type: 'error', error: e }))
+        .finally(() => (this.catchingUp = false));
+    }, 100);
   }
 
   private startHeartbeat(intervalMs: number): void {
@@ -404,6 +433,7 @@ export class QimClient {
     }
     if (name === 'PONG') {
       if (num(body.ping_id) === this.awaitingPong) this.awaitingPong = 0;
+      this.notePushed(body.last_pushed_user_seq as number | bigint, body.mailbox_dirty === true);
       return;
     }
     if (name === 'ONLINE_READY') {
@@ -425,6 +455,7 @@ export class QimClient {
         const events = body.events as SyncEntry[];
         if (this.barrierOpen) this.deliver(events, 'push');
         else this.held.push(...events); // the login barrier: nothing before ONLINE_READY
+        this.notePushed(body.last_pushed_user_seq as number | bigint, false);
         return;
       }
       case 'SESSION_DELTA':
@@ -513,6 +544,11 @@ export class QimClient {
   markRead(conversationId: string, readConversationSeq: number): void {
     this.sendFrame('MARK_READ', { conversation_id: conversationId, read_conversation_seq: readConversationSeq }, this.allocRequestId());
     if (this.sessions.applyReadSync(conversationId, readConversationSeq)) this.emit({ type: 'sessions', conversationIds: [conversationId] });
+  }
+
+  /** CREATE_GROUP -> MEMBER_LIST_BATCH: this user becomes the OWNER. */
+  async createGroup(groupId: string, memberIds: string[]): Promise<Body> {
+    return (await this.request('CREATE_GROUP', { group_id: groupId, member_ids: memberIds }, 'MEMBER_LIST_BATCH')).body;
   }
 
   async recall(conversationId: string, targetConversationSeq: number): Promise<Body> {

@@ -159,3 +159,20 @@ test('a missing PONG drops the link and the client logs in again', async () => {
   assert.ok(server.received.some((f) => f.name === 'PING'));
   c.close();
 });
+
+test('a push above the cursor triggers a catch-up pull that moves the cursor, without redelivery', async () => {
+  const store = new MemoryCursorStore();
+  const server = fakeServer(standardHandlers([
+    { entries: [entry(1, 1)], covered_through_seq: 3, has_more: false },
+    { entries: [], covered_through_seq: 3, has_more: false },
+    { entries: [entry(5, 5)], covered_through_seq: 5, has_more: false },
+  ]));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', store, WebSocket: server.WebSocket });
+  const seen = [];
+  c.on((e) => e.type === 'entries' && seen.push(...e.entries.map((x) => x.conversation_seq)));
+  await c.start();
+  server.push('PUSH_EVENTS', { events: [entry(5, 5)], last_pushed_user_seq: 5 });
+  while ((await store.load('d1')).lastAppliedMailboxSeq !== 5) await new Promise((r) => setTimeout(r, 10));
+  assert.deepEqual(seen, [1, 5]);
+  c.close();
+});

@@ -23,6 +23,7 @@ const state = {
   editing: null,
 };
 window.qim = state; // for the browser tests and the curious
+window.qimApp = { openConversation: (c) => openConversation(c), newGroup: (g, m) => newGroup(g, m) };
 
 function avatar(el, name) {
   el.textContent = name.slice(0, 1);
@@ -202,6 +203,24 @@ async function recall(m) {
     alert(`Recall failed: ${e.message}`);
   }
 }
+
+async function newGroup(groupId, members) {
+  await state.client.createGroup(groupId, members);
+  await state.client.loadSessionList();
+  renderSessions();
+  await openConversation(groupId);
+}
+
+$('new-group').onclick = async () => {
+  const name = prompt('Group name (letters, digits, - and _)');
+  if (!name) return;
+  const members = (prompt('Members (comma separated user ids)') || '').split(',').map((s) => s.trim()).filter(Boolean);
+  try {
+    await newGroup(`g:${name}`, members);
+  } catch (e) {
+    alert(`Could not create the group: ${e.message}`);
+  }
+};
 
 $('cancel-edit').onclick = () => { state.editing = null; $('editing').hidden = true; $('input').value = ''; };
 
