@@ -17,6 +17,8 @@ const idTime = (id) => {
 };
 const title = (conv) => (conv.startsWith('g:') ? `# ${conv.slice(2)}` : conv.startsWith('d:') ? 'Direct chat' : conv);
 
+const MESSAGE_TYPE_CONTROL = 0xff; // recall / edit / membership records: not bubbles
+
 const state = {
   client: null, me: null, open: null,
   messages: new Map(), // conversation_id -> Map(conversation_seq -> message)
@@ -74,7 +76,7 @@ function onEntries(entries) {
     const conv = e.conversation_id;
     const msgs = state.messages.get(conv);
     if (!msgs) continue; // not loaded yet: the history pull will bring it
-    if ((e.event_type === 0 || e.event_type === 1) && e.body_included) {
+    if ((e.event_type === 0 || e.event_type === 1) && e.body_included && e.message_type !== MESSAGE_TYPE_CONTROL) {
       if (!msgs.has(e.conversation_seq)) {
         msgs.set(e.conversation_seq, { seq: e.conversation_seq, sender: e.sender_id, text: text(e.payload_or_ciphertext), state: 'NORMAL', edited: false, at: e.created_at });
       }
@@ -122,6 +124,7 @@ async function loadHistory(conv) {
   const batch = await state.client.pullHistory(conv, { direction: 'older', limit: 50 });
   const msgs = state.messages.get(conv) ?? new Map();
   for (const m of batch.messages) {
+    if (m.message_type === MESSAGE_TYPE_CONTROL) continue;
     msgs.set(m.conversation_seq, {
       seq: m.conversation_seq, sender: m.sender_id, text: text(m.payload_or_ciphertext), state: m.state || 'NORMAL',
       edited: !!(m.edited_at_activity_id && m.edited_at_activity_id.some((b) => b)), at: m.created_at,
