@@ -21,13 +21,17 @@ from qim.auth.cli import token
 from qim.bench.cli import bench
 from qim.chaos.cli import chaos
 from qim.devstack.procs import FOREGROUND_PID, stop_foreground
-from qim.devstack.stack import Stack
+from qim.devstack.stack import LOCAL_BASE_DIR, Stack, adopt_local_stack
 from qim.gateway.cli import gateway
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 def main() -> None:
-    """Operate a qim installation: the local stack, tokens, groups (later: audit, replay)."""
+    """Operate a qim installation: the local stack, tokens, groups, audit, replay, bench."""
+    try:
+        adopt_local_stack(LOCAL_BASE_DIR)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
 
 
 @main.command()
@@ -105,10 +109,10 @@ def topics_create(bootstrap: str) -> None:
     """Create every declared topic that does not exist yet (idempotent)."""
     import asyncio
 
-    from qim.devstack.stack import StackConfig, ensure_topics
+    from qim.devstack.stack import default_partition_counts, ensure_topics
     from qim.streams import ALL_TOPICS
 
-    created = asyncio.run(ensure_topics(bootstrap, ALL_TOPICS, StackConfig().partition_counts))
+    created = asyncio.run(ensure_topics(bootstrap, ALL_TOPICS, default_partition_counts()))
     click.echo("created: " + (", ".join(created) if created else "nothing (all exist)"))
 
 

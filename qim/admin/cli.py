@@ -30,6 +30,7 @@ from qim.admin.wire import (
     ENV_ADMIN_SECRET,
     ENV_ADMIN_URL,
 )
+from qim.streams import runtime
 
 __all__ = ["admin", "group"]
 
@@ -260,6 +261,6 @@ def serve(
                 await dev_web.cleanup()
 
     try:
-        asyncio.run(run())
+        runtime.run(run())
     except (RuntimeError, OSError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None

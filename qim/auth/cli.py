@@ -8,7 +8,6 @@ the same key ring, e.g. the gateway started by ``qim up``.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import time
@@ -17,6 +16,7 @@ import click
 
 from qim.auth.config import DEFAULT_DEV_KEYS_PATH, ENV_KEYS_FILE, AuthConfig, load_keyring
 from qim.auth.tokens import KeyRing, SigningKey, TokenCodec
+from qim.streams import runtime
 
 __all__ = ["token"]
 
@@ -133,7 +133,7 @@ def serve(host: str, port: int, redis_url: str, admin_secret: str) -> None:
             await redis.aclose()
 
     try:
-        asyncio.run(run())
+        runtime.run(run())
     except KeyboardInterrupt:
         pass
     except ValueError as exc:

@@ -10,7 +10,6 @@ Rate and connection limits are the server's: raise them for the bench tenant wit
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,6 +28,7 @@ from qim.bench.schedule import sweep
 from qim.bench.speedscope import summarize
 from qim.bench.target import Target
 from qim.devstack.stack import ROOT, StackConfig
+from qim.streams import runtime
 
 __all__ = ["FULL", "QUICK", "Preset", "bench"]
 
@@ -71,7 +71,7 @@ def _emit(ctx: Ctx, result: Result) -> None:
 
 
 def _run(ctx: Ctx, job: Callable[[Target], Coroutine[Any, Any, Result]]) -> None:
-    _emit(ctx, asyncio.run(job(ctx.target)))
+    _emit(ctx, runtime.run(job(ctx.target)))
 
 
 @click.group("bench")

@@ -15,13 +15,15 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 from qim.devstack import kafka, procs, redis
 from qim.params import Settings
-from qim.streams import ALL_TOPICS, TopicSpec
+from qim.streams import ALL_TOPICS, TopicSpec, runtime
 
 ROOT = kafka.ROOT
+LOCAL_BASE_DIR: Final = ROOT / ".run"
+"""The local stack's folder (`qim up`)."""
 
 
 # Not in Appendix B: the design fixes no partition count for the conversation-side topics.
@@ -39,6 +41,77 @@ def default_partition_counts() -> dict[str, int]:
         "connection_shard_count": params.connection_shard_count,
         "single_partition": 1,
     }
+
+
+# The local stack's counts (`qim up`, `scripts/run`), chosen by measurement (bench/README.md,
+# issue 13, round 1 row E; topology.md decision 22): on one 2-core machine every consumer fetch
+# round lists and the broker walks every partition it owns, so 4 / 8 / 16 partitions instead of
+# 16 / 64 / 256 cut SEND_ACK p99 at 100 msg/s 2.5-5x. connection_shard_count stays a multiple of
+# mailbox_shard_count (spec 5.2); the virtual bucket and lane counts do not change.
+LOCAL_PARTITION_COUNTS: Final = {
+    "conversation_partition_count": 4,
+    "mailbox_shard_count": 8,
+    "connection_shard_count": 16,
+}
+PARTITION_ENV: Final = {
+    "conversation_partition_count": "QIM_CONVERSATION_PARTITION_COUNT",
+    "mailbox_shard_count": "QIM_MAILBOX_SHARD_COUNT",
+    "connection_shard_count": "QIM_CONNECTION_SHARD_COUNT",
+}
+PARTITIONS_FILE: Final = "partitions.json"
+"""Under the stack folder: the counts its topics were created with, and its Kafka bootstrap."""
+
+
+def local_partition_counts() -> dict[str, int]:
+    """The local stack's counts: LOCAL_PARTITION_COUNTS, each overridden by its environment
+    variable (validated like any parameter: powers of two, the 5.2 multiple)."""
+    counts = {
+        name: int(os.environ.get(var, LOCAL_PARTITION_COUNTS[name]))
+        for name, var in PARTITION_ENV.items()
+    }
+    Settings.load(
+        overrides={
+            "mailbox_shard_count": counts["mailbox_shard_count"],
+            "connection_shard_count": counts["connection_shard_count"],
+        }
+    )
+    return {**counts, "single_partition": 1}
+
+
+def recorded_partitions(base_dir: Path) -> dict[str, Any] | None:
+    """What ``qim up`` wrote under ``base_dir`` (None: no stack was created there)."""
+    try:
+        data = json.loads((base_dir / PARTITIONS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def adopt_local_stack(base_dir: Path, environ: dict[str, str] | Any = os.environ) -> None:
+    """Make a ``qim`` command agree with the local stack it talks to.
+
+    Every process of the stack gets the counts in its environment (``StackConfig.env``); a
+    command run from a shell (``qim bench``, ``qim replay``, ``qim audit``) gets them here, from
+    the stack folder, unless it targets another Kafka (``QIM_KAFKA_BOOTSTRAP`` set to something
+    else, e.g. a test's private stack). A variable set to a different value is refused: the
+    topics exist with the recorded counts, and a command using others would route wrongly.
+    """
+    rec = recorded_partitions(base_dir)
+    if rec is None:
+        return
+    bootstrap = environ.get("QIM_KAFKA_BOOTSTRAP")
+    if bootstrap is not None and bootstrap != rec.get("bootstrap"):
+        return
+    for name, var in PARTITION_ENV.items():
+        want = str(rec["counts"][name])
+        have = environ.get(var)
+        if have is None:
+            environ[var] = want
+        elif have != want:
+            raise ValueError(
+                f"{var}={have}, but the local stack under {base_dir} was created with {want}; "
+                "unset it, or `qim down` and remove that folder to start over with other counts"
+            )
 
 
 @dataclass(frozen=True)
@@ -83,12 +156,12 @@ class AdminSpec:
 
 @dataclass(frozen=True)
 class StackConfig:
-    base_dir: Path = ROOT / ".run"
+    base_dir: Path = LOCAL_BASE_DIR
     kafka_port: int = 19092
     controller_port: int = 19093
     redis_port: int = 16379
     kafka_heap_mb: int = 512
-    partition_counts: dict[str, int] = field(default_factory=lambda: default_partition_counts())
+    partition_counts: dict[str, int] = field(default_factory=lambda: local_partition_counts())
     workers: tuple[WorkerSpec, ...] = (
         WorkerSpec("conversation-1", "qim.apps.conversation", 16066),
         WorkerSpec("mailbox-1", "qim.apps.mailbox", 16067),
@@ -117,9 +190,7 @@ class StackConfig:
             # The development signing keys: `qim token issue` and the gateways share them.
             "QIM_AUTH_KEYS_FILE": str(self.base_dir / "auth-keys"),
             "QIM_CURSOR_KEYS_FILE": str(self.base_dir / "cursor-keys"),
-            "QIM_CONVERSATION_PARTITION_COUNT": str(
-                self.partition_counts["conversation_partition_count"]
-            ),
+            **{var: str(self.partition_counts[name]) for name, var in PARTITION_ENV.items()},
             "QIM_ADMIN_URL": self.admins[0].url if self.admins else "",
             "QIM_ADMIN_SECRET": self.admin_secret(),
             # one JSON object per log line (qim.observability.logging)
@@ -140,6 +211,8 @@ class StackConfig:
         return replace(
             self,
             base_dir=base_dir,
+            # the parameters' defaults: the suite's in-process components load the same ones
+            partition_counts=default_partition_counts(),
             kafka_port=procs.free_port(),
             controller_port=procs.free_port(),
             redis_port=procs.free_port(),
@@ -224,7 +297,7 @@ def worker_health(port: int) -> dict[str, Any] | None:
 def worker_argv(module: str, datadir: Path, web_port: int) -> list[str]:
     """`faust -A <module> worker` with web on loopback (`--datadir` must precede `worker`)."""
     return [
-        sys.executable, "-m", "faust", "-A", module,
+        sys.executable, "-m", "faust", "-A", module, "--loop", runtime.event_loop_name(),
         "--datadir", str(datadir), "--loglevel", "info", "worker",
         "--web-bind", "127.0.0.1", "--web-host", "127.0.0.1", "--web-port", str(web_port),
     ]  # fmt: skip
@@ -340,6 +413,7 @@ class Stack:
         return procs.stop_pid(self._admin_dir(a) / "admin.pid", timeout_s=30.0)
 
     def up(self) -> None:
+        self.record_partitions()
         self.start_services()
         for w in self.cfg.workers:
             self.start_worker(w)
@@ -347,6 +421,20 @@ class Stack:
             self.start_gateway(g)
         for a in self.cfg.admins:
             self.start_admin(a)
+
+    def record_partitions(self) -> None:
+        """Write the counts the topics get, or refuse counts other than an existing stack's."""
+        counts = {name: self.cfg.partition_counts[name] for name in PARTITION_ENV}
+        rec = recorded_partitions(self.cfg.base_dir)
+        if rec is not None and (self.cfg.base_dir / "kafka").exists() and rec["counts"] != counts:
+            raise RuntimeError(
+                f"the stack under {self.cfg.base_dir} was created with {rec['counts']}, not "
+                f"{counts}: its topics keep their partitions; `qim down` and remove that folder "
+                "to start over with other counts"
+            )
+        self.cfg.base_dir.mkdir(parents=True, exist_ok=True)
+        body = {"counts": counts, "bootstrap": self.cfg.kafka.bootstrap}
+        (self.cfg.base_dir / PARTITIONS_FILE).write_text(json.dumps(body, indent=2) + "\n")
 
     def down(self) -> None:
         for a in self.cfg.admins:

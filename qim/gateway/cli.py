@@ -27,6 +27,7 @@ from qim.gateway.node import ConnectionNode
 from qim.gateway.ports import Authenticator, OwnAll, Ownership
 from qim.observability.logging import configure as configure_logging
 from qim.params import Settings
+from qim.streams import runtime
 
 __all__ = ["gateway", "run_gateway", "serve_gateway"]
 
@@ -104,7 +105,7 @@ def run_gateway(config: GatewayConfig, **options: object) -> None:
                 loop.add_signal_handler(sig, stop.set)
         await serve_gateway(config, stop=stop, **options)  # type: ignore[arg-type]
 
-    asyncio.run(main())
+    runtime.run(main())
 
 
 @click.command("gateway")
