@@ -39,7 +39,7 @@ from qim.gateway.transport.budget import NodeSendBudget, available_memory_bytes
 from qim.gateway.transport.connection import Connection, Transport
 from qim.gateway.transport.listeners import Listeners
 from qim.gateway.wheel import TimingWheel
-from qim.schemas.frames import Error, ErrorCode, Frame
+from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox
 from qim.schemas.records.presence import PresenceKey
 from qim.streams.producer import replaced_counter
 
@@ -244,6 +244,13 @@ class ConnectionNode:
     def forward(self, conn: Connection, frame: Frame) -> None:
         """Business frames go to the router (``route_requests``); without one each is answered
         as not offered (never silence, issue 16)."""
+        sync = conn.session.sync
+        if (
+            sync is not None
+            and isinstance(frame.body, PullMailbox)
+            and sync.progress.acked_past_contiguity(frame.body.acked_seq)
+        ):
+            self.metrics.push.cursor_advanced.inc()  # 24.1.5 P1: served anyway, counted
         if self.frame_handler is not None:
             self.frame_handler(conn, frame)
         elif conn.session.grant is not None and not conn.closing:

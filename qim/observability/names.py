@@ -165,9 +165,7 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
     _pending("mailbox_trim_watermark_age_days", "24.1.4", "trim watermark age not exported"),
     # 24.1.5 Correctness always-zero metrics
     _m("mailbox_seq_regression_count", "24.1.5", "mailbox"),
-    _pending(
-        "cursor_advanced_by_push_total", "24.1.5", "the cursor is the client's; needs SDK telemetry"
-    ),
+    _m("cursor_advanced_by_push_total", "24.1.5", "gateway"),
     _pending("silent_gap_detected_total", "24.1.5", "the acceptance probe job is not built"),
     _pending(
         "event_id_nondeterminism_total",

@@ -70,21 +70,23 @@ TENANT_ENV = {
         }
     )
 }
-ALWAYS_ZERO = (
-    # 24.1.5 (those a process exports; the rest are pending in qim.observability.names)
-    "mailbox_seq_regression_count",
-    "mailbox_cursor_rebase_count",
-    "cursor_advanced_by_push_total",
-    "silent_gap_detected_total",
-    "event_id_nondeterminism_total",
-    "conversation_seq_regression_count",
-    # our own invariants of the fold and the fanout
-    "lane_watermark_regression_total",
-    "dispatch_misrouted_total",
-    "member_slice_invalid_total",
-    "stale_epoch_dispatch_dropped_total",
-    "qim_fanout_stalled_total",
-)
+ALWAYS_ZERO: dict[str, tuple[str, ...]] = {
+    # per process, every always-zero counter it exports: 24.1.5 and our own invariants of the
+    # fold and the fanout. Each must be declared on its page (a missing one fails the test);
+    # a labelled counter that was never incremented has its declaration and no sample: 0.
+    # silent_gap_detected_total and event_id_nondeterminism_total are exported by no process
+    # yet (qim/observability/names.py says why), so they are not listed here.
+    "mailbox": (
+        "mailbox_seq_regression_count",
+        "mailbox_cursor_rebase_count_total",  # the spec name, as prometheus_client exports it
+        "lane_watermark_regression_total",
+        "dispatch_misrouted_total",
+        "member_slice_invalid_total",
+        "stale_epoch_dispatch_dropped_total",
+    ),
+    "conversation": ("qim_fanout_stalled_total",),
+    "gateway": ("cursor_advanced_by_push_total",),
+}
 
 
 def start_gateway(stack: Stack, workdir: Path, keys: str, metrics_port: int) -> GatewayProc:
@@ -198,14 +200,17 @@ def scrape(url: str) -> str | None:
         return None
 
 
-def always_zero_samples(text: str) -> dict[str, float]:
+def always_zero_samples(text: str, names: tuple[str, ...]) -> dict[str, float]:
+    """Every sample of ``names`` on a /metrics page; a name the page does not declare fails."""
+    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
+    missing = [n for n in names if n not in declared and n.removesuffix("_total") not in declared]
+    assert not missing, f"not exported: {missing}"
     out = {}
     for line in text.splitlines():
         if line.startswith("#") or not line.strip():
             continue
         name_labels, _, value = line.rpartition(" ")
-        name = name_labels.split("{", 1)[0]
-        if any(name == n or name.endswith("_" + n) for n in ALWAYS_ZERO):
+        if name_labels.split("{", 1)[0] in names:
             out[name_labels] = float(value)
     return out
 
@@ -283,15 +288,14 @@ async def test_audit_is_clean_after_kill_9_of_every_worker_type_and_names_inject
             or mailbox.metrics_text(),
             "gateway": scrape(f"http://127.0.0.1:{metrics_port}/metrics"),
         }
+        assert all(pages.values()), {proc: bool(text) for proc, text in pages.items()}
         samples = {
             f"{proc}:{k}": v
             for proc, text in pages.items()
-            if text
-            for k, v in always_zero_samples(text).items()
+            for k, v in always_zero_samples(text or "", ALWAYS_ZERO[proc]).items()
         }
         print({k: v for k, v in report.items() if k not in ("findings", "stderr")})
         print(sorted(samples))
-        assert any("mailbox_seq_regression_count" in k for k in samples), pages["mailbox"]
         assert {k: v for k, v in samples.items() if v} == {}
 
         # 3. A dispatch no commit explains: named on the log and in the store.

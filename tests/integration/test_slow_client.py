@@ -146,8 +146,15 @@ async def keep_alive(devices: list[Device], bob: StallDialer) -> None:
 
 
 def metric(gw: Gateway, name: str, labels: dict[str, str] | None = None) -> float:
+    """The sample's value; a series the gateway does not export fails the test (never 0)."""
     value = gw.node.metrics.registry.get_sample_value(name, labels or {})
-    return 0.0 if value is None else value
+    assert value is not None, f"{name}{labels or ''} is not exported"
+    return value
+
+
+def seen(gw: Gateway, name: str, labels: dict[str, str]) -> float | None:
+    """A labelled series exists only once counted: None until then (for polling)."""
+    return gw.node.metrics.registry.get_sample_value(name, labels)
 
 
 async def test_a_client_that_stops_reading_is_degraded_then_closed_and_loses_nothing(
@@ -197,12 +204,12 @@ async def test_a_client_that_stops_reading_is_degraded_then_closed_and_loses_not
             assert all(len(carol.of(m)) == 1 for m in sent)
 
             # bob: DEGRADED (measured backlog), MAILBOX_DIRTY, then closed: no consumption
-            degraded = {"state": "DEGRADED"}
-            await until(lambda: metric(gw, "qim_gateway_flow_transitions_total", degraded) >= 1,
+            degraded, flow = {"state": "DEGRADED"}, "qim_gateway_flow_transitions_total"
+            await until(lambda: (seen(gw, flow, degraded) or 0) >= 1,
                         "bob never became DEGRADED")  # fmt: skip
             assert metric(gw, "mailbox_dirty_sent_total") >= 1
             closed = {"reason": "idle_timeout"}
-            await until(lambda: metric(gw, "slow_connection_closed_total", closed) == 1,
+            await until(lambda: seen(gw, "slow_connection_closed_total", closed) == 1,
                         "bob's connection was never closed as a slow consumer")  # fmt: skip
             assert metric(gw, "connections_closed_total", {"reason": "slow_consumer"}) == 1
             assert len(bob.of(sent[-1])) == 0  # the end of the burst never reached bob

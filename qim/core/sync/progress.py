@@ -71,6 +71,12 @@ class SyncProgress:
         """Served ranges not yet joined to the prefix: the sub-ranges that finished early."""
         return tuple(self._pending)
 
+    def acked_past_contiguity(self, acked_seq: int) -> bool:
+        """A PULL_MAILBOX ``acked_seq`` beyond the contiguous prefix this session served: the
+        client moved its cursor on PUSH_EVENTS or past a gap (6.8, I-22), which only a client
+        bug does; the gateway counts it as ``cursor_advanced_by_push_total`` (24.1.5)."""
+        return acked_seq > self._reach
+
     def is_covered(self) -> bool:
         return self._reach >= self.sync_to_seq
 

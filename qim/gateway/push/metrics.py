@@ -16,8 +16,11 @@ Why each is computed where it is:
 * ``session_delta_merge_ratio`` (24.1.9): SESSION_DELTA / BADGE_UPDATE frames merged away
   in the ``session_delta_merge_window`` over those offered to it, 10 minutes (the alert reads
   "< 10 % for 10 min"); absent while nothing was offered or the window is 0.
-* ``cursor_advanced_by_push_total`` stays 0: the gateway never moves a device cursor, and a
-  push never does (6.8, I-22). It is exported so the P1 alert of 24.1.5 has a series.
+* ``cursor_advanced_by_push_total``: the gateway never moves a device cursor, so the only way
+  one advances past contiguity is a client that moved it on PUSH_EVENTS (6.8, I-22). The node
+  counts every PULL_MAILBOX whose ``acked_seq`` lies beyond the contiguous prefix of
+  MAILBOX_BATCHes this session served (``SyncProgress.acked_past_contiguity``); always 0 for
+  a correct SDK, the P1 alert of 24.1.5 otherwise.
 
 ``device_token_digest_lag`` belongs to the MailboxNode and is not exported here.
 """
@@ -108,7 +111,7 @@ class PushMetrics:
             "push_drop_by_priority", "frames dropped by the node budget", ["class"], registry=r
         )
         self.cursor_advanced = Counter(
-            "cursor_advanced_by_push", "device cursor advanced by PUSH_EVENTS (always 0)",
+            "cursor_advanced_by_push", "acked_seq beyond the served prefix (always 0)",
             registry=r,
         )  # fmt: skip
         self.flow = Counter(

@@ -317,3 +317,28 @@ def test_qim_gateway_syncs_whenever_it_routes(
     result = CliRunner().invoke(cli.gateway, argv, env=env)
     assert result.exit_code == 0, result.output
     assert seen[0].mailbox_sync is synced
+
+
+async def test_an_ack_past_the_served_prefix_counts_cursor_advanced_by_push() -> None:
+    """24.1.5 / 6.8: the cursor moves only through MAILBOX_BATCH. A PULL_MAILBOX whose
+    ``acked_seq`` lies beyond what this session was served contiguously is a client that moved
+    its cursor on pushes (or past a gap): still served, and counted."""
+    mailbox = FakeMailbox()
+    mailbox.add("bob", 10, 20, 30)
+    async with sync_node(mailbox) as h:
+        client = await login(h, "bob")
+        registry = h.node.metrics.registry
+        assert registry.get_sample_value("cursor_advanced_by_push_total") == 0  # exported
+        await client.send(PullMailbox(after_seq=0, up_to_seq=20, acked_seq=0), request_id=11)
+        assert [e.mailbox_seq for e in (await client.expect(MailboxBatch)).entries] == [10, 20]
+        assert registry.get_sample_value("cursor_advanced_by_push_total") == 0
+        # 30 was never served to this session: the client took it from somewhere else
+        await client.send(PullMailbox(after_seq=20, up_to_seq=30, acked_seq=30), request_id=12)
+        served = await client.expect(MailboxBatch)  # answered anyway
+        assert client.frames[-1].header.request_id == 12
+        assert [e.mailbox_seq for e in served.entries] == [30]
+        assert registry.get_sample_value("cursor_advanced_by_push_total") == 1
+        await client.send(PullMailbox(after_seq=30, acked_seq=30), request_id=13)
+        await client.expect(MailboxBatch)  # now within the served prefix: not counted again
+        assert registry.get_sample_value("cursor_advanced_by_push_total") == 1
+        await client.close()

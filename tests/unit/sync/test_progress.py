@@ -90,3 +90,13 @@ def test_9_3_2_overlapping_and_stale_records_merge() -> None:
     progress.record(5, 8)  # already inside the prefix
     progress.record(10, 50)
     assert progress.covered_through == 80
+
+
+def test_6_8_an_ack_beyond_the_contiguous_prefix_is_past_contiguity() -> None:
+    p = SyncProgress(start_seq=5, sync_to_seq=30)
+    assert not p.acked_past_contiguity(5)  # the device's own cursor
+    assert p.acked_past_contiguity(6)
+    p.record(20, 30)  # served early, not joined: a gap (5, 20]
+    assert p.acked_past_contiguity(30)
+    p.record(5, 20)
+    assert not p.acked_past_contiguity(30) and p.acked_past_contiguity(31)
