@@ -114,6 +114,7 @@ def send_request(
     device: str = "phone",
     message_type: int = 1,
     custom_type: str = "",
+    reply_to: int | None = None,
 ) -> SendRequest:
     return SendRequest(
         tenant_id=tenant,
@@ -129,6 +130,7 @@ def send_request(
             message_type=message_type,
             custom_type=custom_type,
             payload=payload,
+            reply_to_conversation_seq=reply_to,
         ),
         peer_user_id=peer,
     )
@@ -181,8 +183,10 @@ __all__ = [
     "accepted",
     "commit",
     "config",
+    "contract",
     "direct_request",
     "send_request",
     "settings",
+    "typed_config",
     "writer",
 ]
