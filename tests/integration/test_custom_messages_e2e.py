@@ -11,6 +11,9 @@ count" / "is not shown" check. The refusals (undeclared type, oversize payload, 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import uuid
 from pathlib import Path
 
@@ -24,6 +27,7 @@ from qim.schemas.frames.history import SessionEntry
 from qim.schemas.message_types import MessageType
 from tests.integration.device_support import eventually, login
 from tests.integration.login_support import pipeline, syncing_gateway
+from tests.integration.mailbox_support import WORKER_ENV, shard_of
 from tests.integration.mailbox_support import Client as MailboxProbe
 
 pytestmark = pytest.mark.integration
@@ -64,13 +68,21 @@ def custom_types(tenant: str) -> str:
     )
 
 
+def replay_projections(datadir: Path, shard: int) -> subprocess.CompletedProcess[str]:
+    """`qim replay projections` next to the running node (no QIM_CUSTOM_TYPES in its env)."""
+    argv = [sys.executable, "-m", "qim.cli", "replay", "projections", "--shard", str(shard)]
+    argv += ["--datadir", str(datadir)]
+    env = {k: v for k, v in {**os.environ, **WORKER_ENV}.items() if k != "QIM_CUSTOM_TYPES"}
+    return subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env, check=False)
+
+
 async def test_custom_types_follow_their_contract_and_bad_ones_are_refused(
     stack: Stack, tmp_path: Path
 ) -> None:
     tenant = f"t-cu-{uuid.uuid4().hex[:6]}"
     env = {"QIM_CUSTOM_TYPES": custom_types(tenant)}
     async with (
-        pipeline(stack, tmp_path, env),
+        pipeline(stack, tmp_path, env) as mailbox,
         MailboxProbe(stack.cfg.kafka.bootstrap) as probe,
         syncing_gateway(stack, "gw-custom") as gw,
     ):
@@ -109,6 +121,12 @@ async def test_custom_types_follow_their_contract_and_bad_ones_are_refused(
             assert note.custom_type == "call.note"
             assert not note.flags & EntryFlags.TIMELINE_VISIBLE
             assert by_seq[silent.conversation_seq].flags == int(EntryFlags.TIMELINE_VISIBLE)
+
+            # `qim replay projections` rebuilds the list from the entries' flags, not config
+            replayed = replay_projections(mailbox.worker.datadir, shard_of(tenant, ME))
+            assert replayed.returncode == 0, replayed.stdout + replayed.stderr
+            assert ": identical" in replayed.stdout, replayed.stdout
+            assert " 0 users" not in replayed.stdout, replayed.stdout
 
             # a new device applies the same entries with the SDK (types unknown to it)
             tablet = await login(gw, tenant, ME, "tablet")
