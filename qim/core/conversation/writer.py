@@ -242,6 +242,8 @@ class ConversationWriterState:
         if refusal is not None:
             return Rejected(amend_error(request, refusal[0]), refusal[1])
         assert original is not None  # amend_refusal refuses a missing target
+        if self._edit_over_type_cap(request, original.custom_type):
+            return Rejected(amend_error(request, ErrorCode.PAYLOAD_TOO_LARGE), "payload_too_large")
         done = already_recalled(request, original)
         if done is not None:
             event = lookup(done)
@@ -271,6 +273,14 @@ class ConversationWriterState:
             request, coords.message_id, coords.conversation_seq, coords.last_activity_id
         )
         return Amended(record, ack)
+
+    def _edit_over_type_cap(self, request: AmendRequest, custom_type: str | None) -> bool:
+        """An edit of a custom message is bounded by its type's ``max_payload_bytes`` too
+        (spec 13.3), while the type is declared; ``amend_refusal`` checked the tenant's cap."""
+        if request.action != "edit" or not custom_type:
+            return False
+        declared = self.config.custom_types.lookup(request.tenant_id, custom_type)
+        return declared is not None and len(request.new_payload) > declared.max_payload_bytes
 
     def next_coordinates(
         self, tenant_id: str, conversation_id: str, now_ms: int, *, advance_seq: bool = True

@@ -12,12 +12,21 @@ import pytest
 
 from qim.core.conversation import (
     Accepted,
+    Amended,
     ConversationWriterState,
     Rejected,
     WriterConfig,
     replay,
 )
 from qim.core.conversation.custom_types import CustomTypeRegistry
+from qim.core.history import (
+    MemoryOrderedStore,
+    MessageRecord,
+    archive_batch,
+    decode_message_record,
+    message_key,
+    write_all,
+)
 from qim.schemas.frames import ErrorCode
 from qim.schemas.frames.base import EntryFlags
 from qim.schemas.message_types import (
@@ -26,7 +35,7 @@ from qim.schemas.message_types import (
     MessageType,
     decode_custom_types,
 )
-from qim.schemas.records import SendRequest
+from qim.schemas.records import AmendRequest, SendRequest
 from qim.schemas.records.outbox import PreviewPlaceholder
 
 from .support import (
@@ -258,3 +267,61 @@ def test_declarations_fail_loudly_on_a_missing_field_a_typo_or_a_bad_combination
             default_max_payload_bytes=1024,
             custom_type_max_bytes=64,
         )
+
+
+class Members(Groups):
+    """``Groups`` with the amend path's role question: nobody is an admin here."""
+
+    def is_admin(self, tenant_id: str, conversation_id: str, user_id: str) -> bool:
+        return False
+
+
+class Stored:
+    """A typed writer and its MessageStore, for amends of custom messages."""
+
+    def __init__(self) -> None:
+        self.w = typed_writer()
+        self.store = MemoryOrderedStore()
+
+    def send(self, request: SendRequest) -> int:
+        record = accepted(commit(self.w, request, NOW, team())).record
+        write_all(self.store, archive_batch([record], read=self.store.get))
+        return record.conversation_seq
+
+    def amend(self, seq: int, action: str, payload: bytes = b"") -> object:
+        request = AmendRequest(
+            tenant_id=TENANT,
+            user_id="alice",
+            device_id="phone",
+            session_epoch=7,
+            connection_shard=3,
+            request_id=9,
+            action="edit" if action == "edit" else "recall",
+            conversation_id="g:team",
+            target_conversation_seq=seq,
+            new_payload=payload,
+        )
+
+        def row(s: int) -> MessageRecord | None:
+            raw = self.store.get(message_key(TENANT, "g:team", s))
+            return None if raw is None else decode_message_record(raw)
+
+        members = Members()
+        members.add("g:team", ["alice", "bob"])
+        return self.w.handle_amend(request, NOW + 1, members, row)
+
+
+def test_a_recall_of_a_silent_type_carries_its_flags_so_nothing_is_decremented() -> None:
+    c = Stored()
+    seq = c.send(custom("state.sync"))
+    decision = c.amend(seq, "recall")
+    assert isinstance(decision, Amended), decision
+    assert decision.record.target_flags == int(EntryFlags.TIMELINE_VISIBLE)  # no COUNTS_UNREAD
+
+
+def test_an_edit_of_a_custom_message_is_bounded_by_its_types_payload_cap() -> None:
+    c = Stored()
+    seq = c.send(custom("card.small", b"1234"))
+    too_big = c.amend(seq, "edit", b"123456789")
+    assert isinstance(too_big, Rejected) and too_big.code == ErrorCode.PAYLOAD_TOO_LARGE
+    assert isinstance(c.amend(seq, "edit", b"12345678"), Amended)
