@@ -45,6 +45,7 @@ from qim.client.login import SyncResult, catch_up, login_and_sync
 from qim.client.sessions import SessionList
 from qim.client.state import TRANSITIONS, ClientEvent, ClientState, ClientStateMachine
 from qim.client.sync import DeviceCursor, MailboxSync
+from qim.client.timeline import Timeline, TimelineRow, anchor_of
 from qim.client.transport import (
     ALPN_QIM,
     MAX_MESSAGE_BYTES,
@@ -84,6 +85,8 @@ __all__ = [
     "RequestTimeout",
     "SessionList",
     "SyncResult",
+    "Timeline",
+    "TimelineRow",
     "TlsTransport",
     "TooManyRedirects",
     "Transport",
@@ -91,6 +94,7 @@ __all__ = [
     "TransportError",
     "UnexpectedFrame",
     "WebSocketTransport",
+    "anchor_of",
     "catch_up",
     "direct_conversation_id",
     "encode_auth",

@@ -34,6 +34,7 @@ from qim.schemas.frames import (
 )
 from qim.schemas.frames.control import Edit, MarkRead, ReadSync, Recall
 from qim.schemas.frames.history import SessionEntry
+from qim.schemas.message_types import MessageType
 
 __all__ = ["FrameCalls"]
 
@@ -89,6 +90,36 @@ class FrameCalls:
         if ack.client_message_id != cmid:  # A.4 #6: must echo it
             raise UnexpectedFrame(f"SEND_ACK echoes {ack.client_message_id!r}, sent {cmid!r}")
         return ack
+
+    async def send_custom(
+        self,
+        conversation_id: str,
+        custom_type: str,
+        payload: bytes = b"",
+        *,
+        target_conversation_seq: int | None = None,
+        peer_user_id: str = "",
+        client_message_id: str | None = None,
+        timeout: float | None = None,
+    ) -> SendAck:
+        """SEND_MESSAGE of a tenant-declared custom type (``message_type`` CUSTOM, spec 13.3).
+
+        The server applies the type's declared contract (unread, ordering, timeline) and never
+        reads ``payload``. An ``anchor_target`` type names the row it updates with
+        ``target_conversation_seq`` (sent as ``reply_to_conversation_seq``). An undeclared or
+        ephemeral type raises ``QimError(PERMISSION_DENIED)``, an oversize payload
+        ``QimError(PAYLOAD_TOO_LARGE)``.
+        """
+        return await self.send_message(
+            conversation_id,
+            payload,
+            client_message_id=client_message_id,
+            message_type=MessageType.CUSTOM,
+            custom_type=custom_type,
+            reply_to_conversation_seq=target_conversation_seq,
+            peer_user_id=peer_user_id,
+            timeout=timeout,
+        )
 
     def direct_conversation_id(
         self, peer_user_id: str, *, tenant_id: str | None = None, user_id: str | None = None

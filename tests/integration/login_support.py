@@ -62,9 +62,13 @@ async def syncing_gateway(stack: Stack, name: str) -> AsyncIterator[Gateway]:
 
 
 @contextlib.asynccontextmanager
-async def pipeline(stack: Stack, base: Path) -> AsyncIterator[MailboxWorker]:
-    """The conversation and mailbox workers, started side by side; stopped on exit."""
-    writer = FaustWorker(stack, "qim.apps.conversation", base / "conversation", WRITER_ENV)
+async def pipeline(
+    stack: Stack, base: Path, writer_env: dict[str, str] | None = None
+) -> AsyncIterator[MailboxWorker]:
+    """The conversation and mailbox workers, started side by side; stopped on exit.
+    ``writer_env`` adds to the writer's environment (e.g. ``QIM_CUSTOM_TYPES``)."""
+    env = {**WRITER_ENV, **(writer_env or {})}
+    writer = FaustWorker(stack, "qim.apps.conversation", base / "conversation", env)
     mailbox = MailboxWorker(stack, base / "mailbox")
     try:
         await asyncio.gather(asyncio.to_thread(writer.start), mailbox.start())

@@ -8,6 +8,9 @@ cover is ours and documented on the fields. Environment variables beyond ``QIM_<
 * ``QIM_TENANT_OVERRIDES`` -- JSON ``{tenant_id: {param: value}}``, per-tenant views of the
   per-tenant parameters (rates, payload size, ...), validated like any override; the writer
   reads its limits through them (``WriterConfig.limits_for``);
+* ``QIM_CUSTOM_TYPES`` -- JSON ``{tenant_id | "*": [contract, ...]}``, the tenants' spec 13.3
+  custom types (every field of ``qim.schemas.message_types.CustomTypeContract``); ``"*"``
+  applies to tenants without their own list; a bad declaration stops the worker at start;
 * ``QIM_REGION_ID`` -- the ``region_id`` field of ids (spec 6.2), 0 by default;
 * ``QIM_WRITER_CHECKPOINT_EVERY`` -- outbox records between checkpoints;
 * ``QIM_WRITER_CRASH_AT`` / ``QIM_WRITER_CRASH_CMID`` -- the crash test hook (``writer_txn``).
@@ -21,12 +24,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
+import msgspec
 from aiokafka.admin import AIOKafkaAdminClient
 
 from qim.agents.writer.txn import CrashHook, Topics
 from qim.core.conversation import WriterConfig
 from qim.core.membership import MemberPageLimits
 from qim.params import Settings
+from qim.schemas.message_types import CustomTypeContract, decode_custom_types
 from qim.streams.topics import (
     ADMIN_REPLIES,
     CONVERSATION_REQUESTS,
@@ -37,7 +42,7 @@ from qim.streams.topics import (
     WRITER_SNAPSHOTS,
 )
 
-__all__ = ["GROUP_ID", "WriterOptions", "describe_topics", "tenant_settings"]
+__all__ = ["GROUP_ID", "WriterOptions", "custom_types", "describe_topics", "tenant_settings"]
 
 GROUP_ID: Final = "qim-conversation-writers"
 
@@ -50,6 +55,16 @@ def tenant_settings(settings: Settings, raw: str | None) -> dict[str, Settings]:
     if not isinstance(data, dict):
         raise ValueError("QIM_TENANT_OVERRIDES must be a JSON object {tenant: {param: value}}")
     return {tenant: settings.for_tenant(tenant, overrides) for tenant, overrides in data.items()}
+
+
+def custom_types(raw: str | None) -> Mapping[str, tuple[CustomTypeContract, ...]]:
+    """The declarations of ``QIM_CUSTOM_TYPES`` (none when unset)."""
+    if not raw:
+        return {}
+    try:
+        return decode_custom_types(raw)
+    except (msgspec.DecodeError, ValueError) as exc:
+        raise ValueError(f"QIM_CUSTOM_TYPES: {exc}") from exc
 
 
 @dataclass(frozen=True)
@@ -98,7 +113,9 @@ class WriterOptions:
             bootstrap=bootstrap,
             datadir=datadir,
             settings=settings,
-            config=WriterConfig.from_settings(settings, tenants),
+            config=WriterConfig.from_settings(
+                settings, tenants, custom_types(env.get("QIM_CUSTOM_TYPES"))
+            ),
             store_caps=dict(store_caps or {}),
             checkpoint_every=int(env.get("QIM_WRITER_CHECKPOINT_EVERY", "1000")),
             region_id=int(env.get("QIM_REGION_ID", "0")),

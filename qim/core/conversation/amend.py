@@ -37,9 +37,7 @@ from qim.core.conversation.allocation import Coordinates
 from qim.core.conversation.config import WriterLimits
 from qim.core.conversation.ids import conversation_kind
 from qim.core.conversation.membership import MembershipView, Target
-from qim.core.fanout.build import MESSAGE_TEMPLATE_FLAGS
 from qim.core.history.records import MessageRecord, MessageState
-from qim.schemas.frames.base import EntryFlags
 from qim.schemas.frames.connection import Error
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.frames.messaging import SendAck
@@ -215,18 +213,6 @@ def repaired_head_preview(current: bytes, action: str) -> bytes:
     return _ENCODER.encode(msgspec.structs.replace(placeholder, state=state))
 
 
-def _non_sender_flags() -> int:
-    """The flags a non-sender's entry of a message had (the fanout's message template)."""
-    flags = 0
-    if MESSAGE_TEMPLATE_FLAGS.counts_unread:
-        flags |= EntryFlags.COUNTS_UNREAD
-    if MESSAGE_TEMPLATE_FLAGS.affects_session_order:
-        flags |= EntryFlags.AFFECTS_SESSION_ORDER
-    if MESSAGE_TEMPLATE_FLAGS.timeline_visible:
-        flags |= EntryFlags.TIMELINE_VISIBLE
-    return int(flags)
-
-
 def amend_record(
     request: AmendRequest,
     target: Target,
@@ -257,7 +243,7 @@ def amend_record(
         target_message_id=original.message_id,
         target_conversation_seq=original.conversation_seq,
         target_sender_id=original.sender_id,
-        target_flags=_non_sender_flags(),
+        target_flags=original.flags,  # a non-sender's entry flags of the target (spec 13.3)
         target_mention_targets=original.mention_targets,
         new_payload=request.new_payload if request.action == "edit" else b"",
         repairs_preview=repairs_preview,

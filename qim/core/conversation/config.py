@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from qim.core.conversation.custom_types import CustomTypeRegistry
 from qim.params import Rate, Settings, TieredRate
+from qim.schemas.message_types import CustomTypeContract
 
 __all__ = ["WriterConfig", "WriterLimits"]
 
@@ -78,6 +80,9 @@ class WriterConfig:
     inline_body_max_bytes: int = 2048
     clock_regression_reject_ms: int = 5000
     tenant_limits: Mapping[str, WriterLimits] = field(default_factory=dict)
+    custom_types: CustomTypeRegistry = field(default_factory=CustomTypeRegistry)
+    """Spec 13.3 declarations per tenant (``QIM_CUSTOM_TYPES``); read by ``send_contract`` only,
+    never by ``apply``: a committed record carries its contract, so replay ignores this."""
 
     def __post_init__(self) -> None:
         if self.client_dedup_ttl_seconds < 1 or self.client_dedup_max_entries < 1:
@@ -89,10 +94,21 @@ class WriterConfig:
 
     @classmethod
     def from_settings(
-        cls, settings: Settings, tenants: Mapping[str, Settings] | None = None
+        cls,
+        settings: Settings,
+        tenants: Mapping[str, Settings] | None = None,
+        custom_types: Mapping[str, tuple[CustomTypeContract, ...]] | None = None,
     ) -> WriterConfig:
-        """Build from ``Settings.load()`` and optional per-tenant views (``for_tenant``)."""
+        """Build from ``Settings.load()``, optional per-tenant views (``for_tenant``) and the
+        tenants' custom-type declarations (``decode_custom_types``)."""
+        registry = CustomTypeRegistry.build(
+            custom_types or {},
+            max_payload_bytes={t: v.max_custom_payload_bytes for t, v in (tenants or {}).items()},
+            default_max_payload_bytes=settings.max_custom_payload_bytes,
+            custom_type_max_bytes=settings.custom_type_max_bytes,
+        )
         return cls(
+            custom_types=registry,
             limits=WriterLimits.from_settings(settings),
             client_dedup_ttl_seconds=settings.client_dedup_ttl_seconds,
             inline_body_budget_bytes=settings.inline_body_budget_bytes,

@@ -12,6 +12,7 @@ import msgspec
 
 from qim.core.conversation.allocation import Coordinates
 from qim.core.conversation.config import WriterConfig
+from qim.core.conversation.custom_types import ORDINARY, SendContract
 from qim.core.conversation.membership import Target
 from qim.schemas.records.outbox import MessageCommitted, PreviewPlaceholder, RetentionClass
 from qim.schemas.records.requests import SendRequest
@@ -43,9 +44,12 @@ def inline_body_decision(
     return member_count * body_size <= inline_body_budget_bytes
 
 
-def placeholder_preview(message_type: int, custom_type: str) -> bytes:
-    """The default ``ConversationHead.preview_or_placeholder``: the type, never the payload."""
-    return _ENCODER.encode(PreviewPlaceholder(message_type=message_type, custom_type=custom_type))
+def placeholder_preview(message_type: int, custom_type: str, template: str = "") -> bytes:
+    """The default ``ConversationHead.preview_or_placeholder``: the type (and a custom type's
+    ``preview_template``), never the payload."""
+    return _ENCODER.encode(
+        PreviewPlaceholder(message_type=message_type, custom_type=custom_type, template=template)
+    )
 
 
 def message_record(
@@ -56,8 +60,10 @@ def message_record(
     retention_class: RetentionClass,
     fencing_epoch: int,
     config: WriterConfig,
+    contract: SendContract = ORDINARY,
 ) -> MessageCommitted:
-    """The outbox record of an admitted send: the frame's fields plus every commit decision."""
+    """The outbox record of an admitted send: the frame's fields plus every commit decision,
+    its type's spec 13.3 contract included (``custom_types.send_contract``)."""
     msg = request.message
     return MessageCommitted(
         tenant_id=request.tenant_id,
@@ -86,6 +92,11 @@ def message_record(
             inline_body_max_bytes=config.inline_body_max_bytes,
         ),
         retention_class=retention_class,
-        preview_or_placeholder=placeholder_preview(msg.message_type, msg.custom_type),
+        preview_or_placeholder=placeholder_preview(
+            msg.message_type, msg.custom_type, contract.preview_template
+        ),
         fencing_epoch=fencing_epoch,
+        flags=contract.flags,
+        anchor_mode=contract.anchor_mode,
+        schema_version=contract.schema_version,
     )

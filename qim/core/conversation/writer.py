@@ -3,7 +3,9 @@
 Two functions carry all of it, and the Faust shell calls exactly these, live and in recovery:
 
 * :meth:`~ConversationWriterState.handle_send` decides, in the order of spec 8.1: membership
-  (PERMISSION_DENIED) -> size (PAYLOAD_TOO_LARGE) -> admission L1/L2 (RATE_LIMITED) -> ClientDedup
+  (PERMISSION_DENIED) -> type and size (``custom_types.send_contract``: a server-only
+  ``message_type``, an undeclared or ephemeral custom type, PERMISSION_DENIED; an oversize
+  payload, PAYLOAD_TOO_LARGE) -> admission L1/L2 (RATE_LIMITED) -> ClientDedup
   (the same SEND_ACK) -> allocation of message_id / conversation_seq / last_activity_id in one step
   (CLOCK_UNSAFE if the wall clock went back too far). It **never mutates**: the accepted outcome
   is a record plus the ack, and allocation takes effect only when that record is applied.
@@ -45,6 +47,7 @@ from qim.core.conversation.amend import (
     amend_target,
 )
 from qim.core.conversation.config import WriterConfig
+from qim.core.conversation.custom_types import TypeRefusal, send_contract
 from qim.core.conversation.decision import (
     Accepted,
     Decision,
@@ -165,9 +168,17 @@ class ConversationWriterState:
         if target is None:
             return Rejected(error_reply(request, ErrorCode.PERMISSION_DENIED), "not_a_member")
         limits = self.config.limits_for(tenant)
-        if len(msg.payload) > limits.max_custom_payload_bytes:
-            return Rejected(error_reply(request, ErrorCode.PAYLOAD_TOO_LARGE), "payload_too_large")
         head = self._heads.get((tenant, conversation_id))
+        contract = send_contract(
+            tenant,
+            msg,
+            self.config.custom_types,
+            max_custom_payload_bytes=limits.max_custom_payload_bytes,
+            latest_conversation_seq=0 if head is None else head.latest_conversation_seq,
+        )
+        if isinstance(contract, TypeRefusal):
+            reply = error_reply(request, contract.code, detail=contract.detail)
+            return Rejected(reply, contract.reason)
         self._check_not_fenced(head)
         charges = charges_for(limits, tenant, conversation_id, target.member_count, sender)
         log_now_ms = max(now_ms, hlc_ms_to_unix_ms(self.last_hlc_ms))
@@ -192,6 +203,7 @@ class ConversationWriterState:
             retention_class=retention_class,
             fencing_epoch=self._fencing_epoch,
             config=self.config,
+            contract=contract,
         )
         ack = ack_reply(
             request, coords.message_id, coords.conversation_seq, coords.last_activity_id
@@ -230,6 +242,8 @@ class ConversationWriterState:
         if refusal is not None:
             return Rejected(amend_error(request, refusal[0]), refusal[1])
         assert original is not None  # amend_refusal refuses a missing target
+        if self._edit_over_type_cap(request, original.custom_type):
+            return Rejected(amend_error(request, ErrorCode.PAYLOAD_TOO_LARGE), "payload_too_large")
         done = already_recalled(request, original)
         if done is not None:
             event = lookup(done)
@@ -259,6 +273,14 @@ class ConversationWriterState:
             request, coords.message_id, coords.conversation_seq, coords.last_activity_id
         )
         return Amended(record, ack)
+
+    def _edit_over_type_cap(self, request: AmendRequest, custom_type: str | None) -> bool:
+        """An edit of a custom message is bounded by its type's ``max_payload_bytes`` too
+        (spec 13.3), while the type is declared; ``amend_refusal`` checked the tenant's cap."""
+        if request.action != "edit" or not custom_type:
+            return False
+        declared = self.config.custom_types.lookup(request.tenant_id, custom_type)
+        return declared is not None and len(request.new_payload) > declared.max_payload_bytes
 
     def next_coordinates(
         self, tenant_id: str, conversation_id: str, now_ms: int, *, advance_seq: bool = True

@@ -8,9 +8,13 @@ is the writer's ADR-0005 decision, shipped unchanged to every shard (spec 7.3, 2
 
 Event templates (spec 7.3 flags, 12.4 table, 12.5.1):
 
-* a committed message: ``event_type = MESSAGE`` and all three flags true. The sender's own entry
-  never counts unread (12.5.1 ``m.sender_id != u``; a MailboxNode rule). Per-custom-type flags
-  belong to the spec 13.3 registry, which does not exist yet; until it does every message counts.
+* a committed message: ``event_type = MESSAGE`` and the flags the writer put on the record
+  (all three for an ordinary message, the declared contract for a custom type, spec 13.3). The
+  sender's own entry never counts unread (12.5.1 ``m.sender_id != u``; a MailboxNode rule). An
+  ``anchor_target`` custom message carries its target in ``target_conversation_seq`` (copied
+  onto every entry, so a client anchors it without knowing the type), and its
+  ``preview_or_placeholder`` (the 13.3 ``preview_template``), which the shard keeps as the
+  session preview instead of a payload prefix.
 * a membership CONTROL message (``qim.membership.v1``, App. A.3, ADR-0021): ``event_type =
   MEMBERSHIP`` for its subjects (the joined, left, removed or banned users), with
   ``counts_unread = false`` (joining creates no unread, 10.1.3), ``affects_session_order = true``
@@ -36,7 +40,9 @@ from collections.abc import Callable
 
 from qim.core.fanout.event_group import chunk_dispatch_id
 from qim.schemas.events import EventType
+from qim.schemas.frames.base import EntryFlags
 from qim.schemas.ids import message_id_from_bytes
+from qim.schemas.message_types import MessageType
 from qim.schemas.records.dispatch import EventTemplate, GroupDispatch
 from qim.schemas.records.membership import (
     MEMBERSHIP_CUSTOM_TYPE,
@@ -52,6 +58,7 @@ __all__ = [
     "MEMBERSHIP_TEMPLATE",
     "MESSAGE_TEMPLATE_FLAGS",
     "amend_dispatch",
+    "anchor_target_seq",
     "membership_dispatch",
     "message_dispatch",
     "message_template",
@@ -61,7 +68,7 @@ __all__ = [
 MESSAGE_TEMPLATE_FLAGS = EventTemplate(
     counts_unread=True, affects_session_order=True, timeline_visible=True
 )
-"""Flags of a committed message until the spec 13.3 custom-type registry exists."""
+"""Flags of an ordinary committed message (a custom type's come from its record's ``flags``)."""
 
 MEMBERSHIP_TEMPLATE = EventTemplate(
     counts_unread=False, affects_session_order=True, timeline_visible=True
@@ -75,13 +82,22 @@ AMEND_TEMPLATE = EventTemplate(
 
 
 def message_template(record: MessageCommitted) -> EventTemplate:
-    """The template of a committed message: its flags plus its mention targets."""
+    """The template of a committed message: the flags its writer fixed (spec 13.3, the record's
+    ``flags``; every flag for an ordinary message) plus its mention targets."""
     return EventTemplate(
-        counts_unread=MESSAGE_TEMPLATE_FLAGS.counts_unread,
-        affects_session_order=MESSAGE_TEMPLATE_FLAGS.affects_session_order,
-        timeline_visible=MESSAGE_TEMPLATE_FLAGS.timeline_visible,
+        counts_unread=bool(record.flags & EntryFlags.COUNTS_UNREAD),
+        affects_session_order=bool(record.flags & EntryFlags.AFFECTS_SESSION_ORDER),
+        timeline_visible=bool(record.flags & EntryFlags.TIMELINE_VISIBLE),
         mention_targets=record.mention_targets,
     )
+
+
+def anchor_target_seq(record: MessageCommitted) -> int | None:
+    """The row an ``anchor_target`` custom message updates in place (its
+    ``reply_to_conversation_seq``, checked by the writer); None for every other anchor."""
+    if record.anchor_mode != "anchor_target":
+        return None
+    return record.reply_to_conversation_seq
 
 
 def shards_of(users: tuple[str, ...], shard_of: Callable[[str], int]) -> tuple[int, ...]:
@@ -112,9 +128,14 @@ def message_dispatch(record: MessageCommitted, shard: int) -> GroupDispatch:
         inline_body=record.inline_body,
         message_type=record.message_type,
         custom_type=record.custom_type,
+        schema_version=record.schema_version,
         payload=record.payload,
         reply_to_conversation_seq=record.reply_to_conversation_seq,
         retention_class=record.retention_class,
+        target_conversation_seq=anchor_target_seq(record),
+        preview_or_placeholder=(
+            record.preview_or_placeholder if record.message_type == MessageType.CUSTOM else b""
+        ),
     )
 
 

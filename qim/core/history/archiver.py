@@ -113,6 +113,8 @@ def message_record(
         mention_targets=msg.mention_targets,
         created_at=msg.committed_at,
         retention_class=msg.retention_class,
+        flags=msg.flags,
+        schema_version=msg.schema_version or None,
     )
 
 

@@ -17,6 +17,7 @@ Bounds, exactly (spec 7.5, 9.5.3, 12.10, A.3 #5):
   item's encoded msgpack size. The first message is always returned even if it alone exceeds
   ``max_bytes`` (a soft cap, like MAILBOX_BATCH's): otherwise one large message would block
   paging forever; the frame layer still enforces ``max_frame_bytes``.
+* Types declared ``timeline_visible=false`` (spec 13.3) are never returned; paging skips them.
 * ``has_more`` is exact: True iff another visible message exists beyond the page in the paging
   direction (one look-ahead read), never a guess from ``len == limit``.
 * ``latest_conversation_seq`` / ``earliest_available_conversation_seq`` are the head's values
@@ -32,7 +33,7 @@ from dataclasses import dataclass
 import msgspec
 
 from qim.core.history.keys import MAX_SEQ, conversation_prefix, seq_bytes, seq_from_key
-from qim.core.history.records import decode_message_record, to_history_message
+from qim.core.history.records import decode_message_record, on_timeline, to_history_message
 from qim.core.history.store import OrderedReader
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.frames.exceptions import ProtocolError
@@ -159,7 +160,8 @@ def pull_history(
 def _visible(
     reader: OrderedReader, tenant_id: str, conversation_id: str, low: int, high: int, reverse: bool
 ) -> Iterator[HistoryMessage]:
-    """Stored messages with ``low <= seq <= high`` in scan order."""
+    """Stored messages with ``low <= seq <= high`` in scan order, off-timeline types skipped
+    (spec 13.3 ``timeline_visible=false``: in the mailbox, never in the timeline)."""
     if low > high:
         return
     prefix = conversation_prefix(tenant_id, conversation_id)
@@ -168,7 +170,9 @@ def _visible(
         seq = seq_from_key(key)
         if seq < low or seq > high:
             return
-        yield to_history_message(decode_message_record(value))
+        record = decode_message_record(value)
+        if on_timeline(record):
+            yield to_history_message(record)
 
 
 def _clip_earliest(bounds: HistoryBounds, interval: VisibleInterval) -> int:

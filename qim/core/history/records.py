@@ -16,9 +16,10 @@ from typing import Final
 
 import msgspec
 
-from qim.schemas.frames.base import U8, U32, U64, U128, U128_ZERO
+from qim.schemas.frames.base import U8, U32, U64, U128, U128_ZERO, EntryFlags
 from qim.schemas.frames.history import HistoryMessage
 from qim.schemas.frames.mailbox import MediaMetadata
+from qim.schemas.records.outbox import MESSAGE_FLAGS
 
 __all__ = [
     "DekId",
@@ -29,6 +30,7 @@ __all__ = [
     "mark_deleted",
     "mark_edited",
     "mark_recalled",
+    "on_timeline",
     "to_history_message",
 ]
 
@@ -78,6 +80,10 @@ class MessageRecord(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=Tru
     created_at: U64 = 0
     retention_class: str = "default"
     dek_id: DekId | None = None
+    flags: U8 = MESSAGE_FLAGS
+    """A non-sender's entry flags of the message, from its commit record (spec 13.3): a
+    ``timeline_visible=false`` message is stored but never served as history, and a recall's
+    ``target_flags`` are these. Default omitted: rows of ordinary messages keep their bytes."""
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -124,6 +130,11 @@ def mark_edited(
         payload_or_ciphertext=payload,
         edited_at_activity_id=edited_at_activity_id,
     )
+
+
+def on_timeline(record: MessageRecord) -> bool:
+    """Whether PULL_HISTORY serves the row: not for a ``timeline_visible=false`` type (13.3)."""
+    return bool(record.flags & EntryFlags.TIMELINE_VISIBLE)
 
 
 def to_history_message(record: MessageRecord) -> HistoryMessage:

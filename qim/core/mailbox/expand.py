@@ -17,6 +17,8 @@ What each entry holds is decided here, deterministically (spec 6.7, 7.3, I-5):
   the only one with ``client_message_id``; a CONTROL event carries ``origin_device_id`` there
   so the originating device can skip its own echo (9.7);
 * ``visibility_floor_conversation_seq`` = the member's ``joined_at`` (0 without a slice row);
+* an ``anchor_target`` custom message (spec 13.3) carries the dispatch's
+  ``target_conversation_seq`` on its MESSAGE entries, the row a client updates in place;
 * a MENTION entry (only with ``mention_entries``) carries no flags and no body: unread, order
   and the body stay with the primary entry of the same event group;
 * the body is inline only when the dispatch says so (ADR-0005: the writer decides);
@@ -116,6 +118,8 @@ def _entry(
         flags=0 if mention else _flags(dispatch, own),
         mention_type=mention_type,
         created_at=dispatch.committed_at,
+        # an anchor_target custom message names its row (13.3); an amend's is set by ``_amend``
+        target_conversation_seq=None if mention else dispatch.target_conversation_seq,
         client_message_id=(dispatch.client_message_id or None) if own and not mention else None,
         origin_device_id=(
             (dispatch.origin_device_id or None) if own and kind == EventType.CONTROL else None

@@ -184,7 +184,9 @@ def facts_of(d: GroupDispatch, mailbox_seq: int, expire_at: int = 0) -> StoredFa
         counts_unread=template.counts_unread,
         mention_targets=tuple(template.mention_targets),
         reply_to_sender_id=template.reply_to_sender_id,
-        preview=d.payload[:PREVIEW_BYTES],
+        # a custom type's preview is its writer-fixed placeholder (spec 13.3 preview_template),
+        # never a slice of a business payload the server does not parse
+        preview=d.preview_or_placeholder or d.payload[:PREVIEW_BYTES],
     )
 
 

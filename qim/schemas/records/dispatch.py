@@ -85,7 +85,10 @@ class GroupDispatch(
     computed from ``target_mention_targets`` / ``target_reply_to_sender_id`` exactly like a
     message's ``mention_type`` (11.4.1); ``target_flags`` are the target entry's flags as a
     non-sender saw them. ``preview_or_placeholder`` is the target's preview after the amend
-    (:class:`~qim.schemas.records.outbox.MessageAmended`); empty on a message's dispatch.
+    (:class:`~qim.schemas.records.outbox.MessageAmended`); on a message's dispatch it is empty,
+    except for a custom type (spec 13.3): its writer-fixed placeholder with the
+    ``preview_template``, the session preview the shard keeps. ``target_conversation_seq`` of
+    a message's dispatch is an ``anchor_target`` custom message's target row.
     """
 
     tenant_id: str

@@ -33,13 +33,14 @@ from typing import Final, Literal, TypeAlias
 
 import msgspec
 
-from qim.schemas.frames.base import U8, U32, U64, U128
+from qim.schemas.frames.base import U8, U32, U64, U128, EntryFlags
 from qim.schemas.records.membership import MembershipCommitted
 
 __all__ = [
     "AMEND_ACTIONS",
     "DIRECT",
     "GROUP",
+    "MESSAGE_FLAGS",
     "RETENTION_CLASSES",
     "AmendAction",
     "ConversationKind",
@@ -55,6 +56,12 @@ __all__ = [
 ConversationKind: TypeAlias = Literal["direct", "group"]
 DIRECT: Final = "direct"
 GROUP: Final = "group"
+
+MESSAGE_FLAGS: Final = int(
+    EntryFlags.COUNTS_UNREAD | EntryFlags.AFFECTS_SESSION_ORDER | EntryFlags.TIMELINE_VISIBLE
+)
+"""``MessageCommitted.flags`` of an ordinary message (and of every record written before the
+spec 13.3 contract existed: the default is omitted, so their bytes are unchanged)."""
 
 RetentionClass: TypeAlias = Literal["default", "ephemeral_24h", "compliance_hold", "tenant_custom"]
 RETENTION_CLASSES: Final[tuple[str, ...]] = (
@@ -83,6 +90,12 @@ class MessageCommitted(
     ``message_id`` for a message (same ID space, spec 6.4; the message is the activity).
     ``preview_or_placeholder`` is the ConversationHead preview fixed by the writer (spec 7.4,
     13.3): consumers copy it, they never derive one from the payload.
+
+    The spec 13.3 contract of the type, decided by the writer from the tenant's declaration and
+    copied here so no consumer reads live configuration (replay stays identical): ``flags`` are
+    a non-sender's entry flags (``EntryFlags``), ``anchor_mode`` is ``own_seq`` /
+    ``anchor_target`` (the target is ``reply_to_conversation_seq``) / ``none``,
+    ``schema_version`` the declared one (0 for non-custom types).
     """
 
     tenant_id: str
@@ -107,6 +120,9 @@ class MessageCommitted(
     retention_class: RetentionClass = "default"
     preview_or_placeholder: bytes = b""
     fencing_epoch: U64 = 0
+    flags: U8 = MESSAGE_FLAGS
+    anchor_mode: str = "own_seq"
+    schema_version: U32 = 0
 
 
 class PreviewPlaceholder(
@@ -114,13 +130,15 @@ class PreviewPlaceholder(
 ):
     """The default ``preview_or_placeholder``: the type, never the payload.
 
-    The server must not parse payloads (custom types, E2EE ciphertext; spec 13.1, 13.3): until the
-    spec 13.3 ``preview_template`` registry exists the preview is this msgpack map and the client
-    renders "[image]", "[custom message]" or its own decrypted text.
+    The server must not parse payloads (custom types, E2EE ciphertext; spec 13.1, 13.3): the
+    preview is this msgpack map and the client renders "[image]", a declared custom type's
+    ``template`` (its 13.3 ``preview_template``), "[custom message]" or its own decrypted text.
     """
 
     message_type: U8 = 0
     custom_type: str = ""
+    template: str = ""
+    """The custom type's ``preview_template`` (spec 13.3), a fixed text; empty otherwise."""
     state: str = ""
     """``""`` for a message as sent; ``"recalled"`` / ``"edited"`` / ``"deleted"`` after an amend
     (spec 13.4.1 step 4: the preview becomes "message recalled")."""

@@ -16,6 +16,7 @@ from qim.core.conversation import (
 )
 from qim.params import Settings
 from qim.schemas.frames import SendMessage
+from qim.schemas.message_types import CustomTypeContract
 from qim.schemas.records import SendRequest
 from qim.schemas.records.outbox import RetentionClass
 
@@ -35,6 +36,29 @@ def config(**limits: Any) -> WriterConfig:
     if not limits:
         return base
     return replace(base, limits=replace(base.limits, **limits))
+
+
+def contract(custom_type: str, **fields: Any) -> CustomTypeContract:
+    """A persistent, ordinary-looking declaration of ``custom_type``; fields by keyword."""
+    values: dict[str, Any] = {
+        "custom_type": custom_type,
+        "schema_version": 1,
+        "delivery_class": "persistent",
+        "counts_unread": True,
+        "affects_session_order": True,
+        "timeline_visible": True,
+        "anchor_mode": "own_seq",
+        "preview_template": f"[{custom_type}]",
+        "max_payload_bytes": 1024,
+        "minimum_client_version": "1.0",
+    }
+    values.update(fields)
+    return CustomTypeContract(**values)
+
+
+def typed_config(*contracts: CustomTypeContract, tenant: str = TENANT) -> WriterConfig:
+    """Appendix B defaults plus ``contracts`` declared for ``tenant`` (spec 13.3)."""
+    return WriterConfig.from_settings(settings(), custom_types={tenant: contracts})
 
 
 def writer(cfg: WriterConfig | None = None, *, epoch: int = 1) -> ConversationWriterState:
@@ -90,6 +114,7 @@ def send_request(
     device: str = "phone",
     message_type: int = 1,
     custom_type: str = "",
+    reply_to: int | None = None,
 ) -> SendRequest:
     return SendRequest(
         tenant_id=tenant,
@@ -105,6 +130,7 @@ def send_request(
             message_type=message_type,
             custom_type=custom_type,
             payload=payload,
+            reply_to_conversation_seq=reply_to,
         ),
         peer_user_id=peer,
     )
@@ -157,8 +183,10 @@ __all__ = [
     "accepted",
     "commit",
     "config",
+    "contract",
     "direct_request",
     "send_request",
     "settings",
+    "typed_config",
     "writer",
 ]

@@ -22,6 +22,7 @@ from qim.schemas import (
     unix_ms_to_hlc_ms,
 )
 from qim.schemas.frames import ErrorCode
+from qim.schemas.message_types import MessageType
 from qim.schemas.records.membership import MembershipCommitted
 
 from .support import (
@@ -32,8 +33,10 @@ from .support import (
     accepted,
     commit,
     config,
+    contract,
     direct_request,
     send_request,
+    typed_config,
     writer,
 )
 
@@ -77,11 +80,10 @@ def test_6_2_committed_at_is_the_writers_hlc_time() -> None:
 def test_7_4_head_moves_forward_with_preview_sender_and_count() -> None:
     groups = Groups()
     groups.add("g:team", ["alice", "bob", "carol"], version=4)
-    state = writer()
+    state = writer(typed_config(contract("card")))
     commit(state, send_request("alice", "g:team", "a"), NOW, groups)
-    last = accepted(
-        commit(state, send_request("bob", "g:team", "b", custom_type="card"), NOW + 1, groups)
-    ).record
+    card = send_request("bob", "g:team", "b", message_type=MessageType.CUSTOM, custom_type="card")
+    last = accepted(commit(state, card, NOW + 1, groups)).record
     head = state.head("acme", "g:team")
     assert head is not None
     assert (head.latest_conversation_seq, head.last_message_id, head.last_activity_id) == (
@@ -92,7 +94,7 @@ def test_7_4_head_moves_forward_with_preview_sender_and_count() -> None:
     assert head.last_sender_id == "bob" and head.member_count == 3 and head.head_version == 2
     assert (
         head.preview_or_placeholder
-        == placeholder_preview(1, "card")
+        == placeholder_preview(MessageType.CUSTOM, "card", "[card]")
         == (last.preview_or_placeholder)
     )
     assert last.membership_version == 4  # pinned before the outbox (7.9)
