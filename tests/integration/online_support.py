@@ -10,7 +10,8 @@ on top of ``login_support`` (the real pipeline and a syncing gateway):
 * :class:`Traffic`: a sender that keeps sending until stopped, remembering each SEND_ACK;
 * :class:`PushWatch`: every PushBatch the MailboxNode produced to ``qim.to-gateway`` (read
   from the end offsets at start), to say who a message was planned for, or that it was not;
-* :func:`presence_log`: one device's records in the compacted presence topic, in order.
+* :func:`presence_log`: one device's records in the compacted presence topic, in order;
+* :func:`barrier`: the positive point a negative check waits for (see its docstring).
 """
 
 from __future__ import annotations
@@ -139,6 +140,21 @@ async def until(check: Callable[[], bool], what: str, within: float = WAIT_S) ->
         await asyncio.sleep(0.1)
 
 
+async def barrier(devices: Sequence[Device], *sends: Awaitable[SendAck]) -> list[bytes]:
+    """Send later messages and wait until every device was pushed each of them; their ids.
+
+    Why this proves that an earlier message can no longer be pushed (again) to a device: its
+    user's MailboxNode folds the conversation's dispatch records in conversation_seq order,
+    and plans and enqueues a message's PushBatches right after its WriteBatch, before it folds
+    the next record; the device's connection reads one to-gateway partition (its
+    ConnectionShard) in log order and writes to the socket in that order. So any push of an
+    earlier message of the same conversation -- a duplicate included -- reaches the socket
+    before the later one. Pass one later message per conversation the check is about."""
+    ids = [(await send).message_id for send in sends]
+    await until(lambda: all(d.of(m) for d in devices for m in ids), "a barrier was not pushed")
+    return ids
+
+
 async def warm_up(send: Callable[[int], Awaitable[object]], receivers: Sequence[Device]) -> int:
     """Send until every receiver has been pushed something; returns how many were sent.
 
@@ -235,6 +251,18 @@ class PushWatch:
                         decoded = decode_to_gateway(record.value)
                         if isinstance(decoded, PushBatch):
                             self.batches.append(decoded)
+
+    async def caught_up(self, within: float = WAIT_S) -> None:
+        """Wait until every partition was read up to its end offset as of now (a watermark:
+        each PushBatch produced before this call is in :attr:`batches` afterwards)."""
+        tps = list(self._consumer.assignment())
+        ends = await self._consumer.end_offsets(tps)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        for tp, end in ends.items():
+            while await self._consumer.position(tp) < end:
+                assert loop.time() < deadline, f"{tp} never read up to {end}"
+                await asyncio.sleep(0.1)
 
     def recipients(self, message_id: bytes) -> list[PushRecipient]:
         """Every device one message was planned for, across its batches."""

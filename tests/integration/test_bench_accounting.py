@@ -98,7 +98,10 @@ async def test_every_send_is_acked_and_pushed_exactly_once(stack: Stack, tmp_pat
             sampler = ProcSampler(target.pids(), interval_s=0.5)
             step = SendStep("acct", RATE, DURATION_S, payload_bytes=120, drain_s=WAIT_S)
             ledger, timing = await run_send_step(step, pairs, router, sampler)
-            await asyncio.sleep(1.0)  # a duplicate or stray push would arrive by now
+            # a later message in every pair's conversation pushed and echoed: each device
+            # reads one to-gateway partition in log order, so a duplicate or stray push of
+            # the step would have arrived before it (tests/integration/online_support.barrier)
+            await warm_up(pairs, router, "fence", within_s=WAIT_S)
             after = await target.mailbox_counters()
         finally:
             await close_all(devices)

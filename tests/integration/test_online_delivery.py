@@ -13,7 +13,6 @@ device pulls when ``cursor < PONG.last_pushed_user_seq``).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections import defaultdict
 from collections.abc import Sequence
@@ -37,6 +36,7 @@ from tests.integration.mailbox_support import Client as MailboxProbe
 from tests.integration.online_support import (
     PushWatch,
     Traffic,
+    barrier,
     connect,
     online,
     presence_log,
@@ -85,7 +85,13 @@ async def test_each_online_device_gets_a_message_once_and_the_offline_one_pulls_
         # every online device is pushed each message once (alice: her echo)
         online_devices = (alice, bob_phone)
         await until(lambda: all(d.of(m) for d in online_devices for m in sent), "not pushed")
-        await asyncio.sleep(1.0)  # a duplicate would arrive by now
+        # a later message in each conversation pushed to every online device: a duplicate of
+        # an earlier one would have reached the socket first (online_support.barrier)
+        later = await barrier(
+            online_devices,
+            sender.send_message(group, b"b0", client_message_id="b0"),
+            sender.send_direct("bob", b"b1", client_message_id="b1"),
+        )
         for device in online_devices:
             for mid, payload in sent.items():
                 got = device.of(mid)
@@ -102,12 +108,20 @@ async def test_each_online_device_gets_a_message_once_and_the_offline_one_pulls_
             assert set(sent) <= set(pulled)  # (and warm-ups never pushed to the tablet)
             assert {m: pulled[m].payload_or_ciphertext for m in sent} == sent
             assert all(e.mailbox_seq <= back.result.auth_ok.sync_to_seq for e in pulled.values())
-            await asyncio.sleep(1.0)
-            assert not any(back.of(m) for m in sent)  # pulled, not pushed as well
+            # pulled, not pushed as well: the pushes of later messages of both conversations
+            # reached the new connection, so a push of the pulled ones would have come first
+            later += await barrier(
+                (back,),
+                sender.send_message(group, b"b2", client_message_id="b2"),
+                sender.send_direct("bob", b"b3", client_message_id="b3"),
+            )
+            assert not any(back.of(m) for m in sent)
 
-            # after dedup no device holds a message twice; each holds all it should
+            # after dedup no device holds a message twice; each holds all it should (the
+            # tablet went offline before the barriers: the new connection pulled or was
+            # pushed each of them)
             everything = once_each(from_alice([*tablet.delivered, *back.delivered]))
-            assert len(everything) == warm + len(sent)
+            assert len(everything) == warm + len(sent) + len(later)
             for device in online_devices:
                 delivered = once_each(from_alice(device.delivered))
                 assert set(sent) <= set(delivered)
@@ -157,7 +171,11 @@ async def test_a_replaced_device_gets_nothing_after_kicked_and_pushes_follow_the
             acks = await traffic.stop()
             later = list(acks)[mark:]
             await until(lambda: all(new.of(m) for m in later), "not pushed to the new epoch")
-            await asyncio.sleep(1.0)
+            # a later group message pushed to the new connection, then the watch read up to
+            # the end of qim.to-gateway: alice's MailboxNode enqueued every PushBatch of
+            # `later` (for any epoch) before that one, so each is in the watch by now
+            await barrier((new,), sender.send_message(group, b"b0", client_message_id="b0"))
+            await watch.caught_up()
             for mid in later:
                 assert len(new.of(mid)) == 1
                 mine = [r for r in watch.recipients(mid) if r.user_id == "alice"]
@@ -209,7 +227,13 @@ async def test_a_login_during_traffic_gets_everything_once_and_no_push_before_on
                 await until(lambda: len(bob.entries) >= 4, "no pushes after ONLINE_READY")
                 acks = await traffic.stop()
                 await bob.holds(acks)
-                await asyncio.sleep(1.0)  # a late duplicate push would arrive by now
+                # a later message in both conversations pushed: a late duplicate push of an
+                # earlier one would have reached the socket first (online_support.barrier)
+                later = await barrier(
+                    (bob,),
+                    sender.send_message(group, b"b0", client_message_id="b0"),
+                    sender.send_direct("bob", b"b1", client_message_id="b1"),
+                )
                 await bob.catch_up()
                 received = [f for f in recorder.received() if isinstance(f, Frame)]
             finally:
@@ -222,7 +246,7 @@ async def test_a_login_during_traffic_gets_everything_once_and_no_push_before_on
 
     # exactly once after the SDK's dedup, at the conversation_seq the writer acknowledged
     got = once_each(from_alice(bob.delivered))
-    assert set(got) == set(acks)
+    assert set(got) == set(acks) | set(later)
     per_conversation: dict[str, list[SyncEntry]] = defaultdict(list)
     for mid, (payload, ack) in acks.items():
         entry = got[mid]

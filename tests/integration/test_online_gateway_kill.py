@@ -156,11 +156,6 @@ async def test_a_killed_gateways_devices_go_offline_by_lease_and_resync_without_
 
             # carol's echo is pushed (pushes still flow), alice and bob are offline
             await until(lambda: all(carol.of(m) for m in sent), "carol's echo was not pushed")
-            await asyncio.sleep(1.0)  # a PushBatch naming alice or bob would be read by now
-            for mid in sent:
-                assert {r.user_id for r in watch.recipients(mid)} == {"carol"}
-            offline = mailbox.totals().get("push_offline_users_total", 0) - offline_before
-            assert offline >= 3 * 2 + 2  # alice and bob per group message, bob per direct one
 
             # the devices come back on the new gateway with their SDK state: the login pulls
             # what waited in the mailboxes, and nothing is handed over twice
@@ -178,6 +173,16 @@ async def test_a_killed_gateways_devices_go_offline_by_lease_and_resync_without_
                 warm = {m for m, e in delivered.items() if e.sender_id == "alice"}
                 assert set(delivered) == meant | warm
                 assert len(warm) >= 1
+
+            # alice and bob were offline when their MailboxNodes planned the messages: their
+            # logins pulled them, so each node folded them and (in the same fold, before it
+            # answered) enqueued whatever PushBatches it planned; the watch then read
+            # qim.to-gateway to its end, so a PushBatch naming alice or bob would be in it
+            await watch.caught_up()
+            for mid in sent:
+                assert {r.user_id for r in watch.recipients(mid)} == {"carol"}
+            offline = mailbox.totals().get("push_offline_users_total", 0) - offline_before
+            assert offline >= 3 * 2 + 2  # alice and bob per group message, bob per direct one
     finally:
         await cluster.close()
 
@@ -222,14 +227,17 @@ async def test_a_gateway_replaced_within_the_lease_reports_presence_stale(
 
             second = await carol_b.result.client.send_message(group, b"m2", client_message_id="m2")
             await until(lambda: bool(carol_b.of(second.message_id)), "carol's echo of m2")
-            await asyncio.sleep(1.0)  # a PushBatch naming bob would be read by now
-            assert {r.user_id for r in watch.recipients(second.message_id)} == {"carol"}
-            # offline by PRESENCE_STALE, not by the lease: that still held when m2 was planned
-            assert time.time_ns() // 1_000_000 < lease, "the test ran past bob's lease"
 
             back = await cluster.login(b, "bob", "phone", bob)
             pulled = messages(back.result.entries)
             assert {first.message_id, second.message_id} <= set(pulled)
+            # bob's login pulled m2, so his MailboxNode folded it and enqueued its PushBatches
+            # before answering; the watch read qim.to-gateway to its end: one naming bob
+            # would be in it
+            await watch.caught_up()
+            assert {r.user_id for r in watch.recipients(second.message_id)} == {"carol"}
+            # offline by PRESENCE_STALE, not by the lease: that still held when m2 was planned
+            assert time.time_ns() // 1_000_000 < lease, "the test ran past bob's lease"
             delivered = messages([*bob.delivered, *back.delivered])
             assert {e.payload_or_ciphertext for e in delivered.values()} >= {b"m1", b"m2"}
     finally:

@@ -10,7 +10,6 @@ client_message_id), 15.1.1 (PONG.last_pushed_user_seq >= every pushed mailbox_se
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from pathlib import Path
 
@@ -19,7 +18,7 @@ import pytest
 from qim.devstack.stack import Stack
 from qim.schemas.frames import PushEvents
 from tests.integration.login_support import pipeline, syncing_gateway
-from tests.integration.online_support import online, until, warm_up
+from tests.integration.online_support import barrier, online, until, warm_up
 
 pytestmark = pytest.mark.integration
 
@@ -49,7 +48,9 @@ async def test_a_group_message_is_pushed_once_to_every_online_device(
         mid = ack.message_id
         everyone = (alice, *receivers)
         await until(lambda: all(d.of(mid) for d in everyone), "the message was not pushed")
-        await asyncio.sleep(1.0)  # a duplicate would arrive by now
+        # a later message of the group pushed to every device: a duplicate of "hello" would
+        # have reached each socket before it (pushes of one conversation in log order)
+        await barrier(everyone, sender.send_message(group, b"later", client_message_id="later"))
 
         for device in receivers:
             got = device.of(mid)
