@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import urllib.request
 from pathlib import Path
 from typing import Any
@@ -39,6 +40,13 @@ class FaustWorker:
 
     def stop(self) -> None:
         procs.stop_pid(self.pid_file, timeout_s=30.0)
+
+    def kill(self) -> None:
+        """SIGKILL: no shutdown hook, no last commit or flush; returns once the pid is gone."""
+        pid = procs.read_pid(self.pid_file)
+        assert pid is not None, f"{self.module} is not running"
+        os.kill(pid, signal.SIGKILL)
+        procs.wait_until(lambda: not procs.pid_alive(pid), timeout_s=10, what=f"{pid} dead")
 
     def wipe_state(self) -> None:
         """Delete the local RocksDB stores, so only the changelog can bring the state back."""

@@ -1,7 +1,8 @@
 """A Faust app that runs only the FanoutCoordinator, on a test's private topics.
 
 ``register(app, options)`` is the same call the conversation app makes with default options;
-the environment names the test's app id and topic prefix.
+the environment names the test's app id and topic prefix, and may set ``max_records`` (small
+rounds, so a SIGKILL lands while a round is in flight).
 """
 
 from __future__ import annotations
@@ -25,5 +26,6 @@ register(
         outbox_topic=f"{_name}.outbox",
         dispatch_topic=f"{_name}.dispatch",
         snapshots_topic=f"{_name}.writer-snapshots",
+        max_records=int(os.environ.get("QIM_TEST_FANOUT_MAX_RECORDS", "500")),
     ),
 )
