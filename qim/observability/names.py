@@ -164,8 +164,20 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
     ),
     _pending("mailbox_trim_watermark_age_days", "24.1.4", "trim watermark age not exported"),
     # 24.1.5 Correctness always-zero metrics
-    _m("mailbox_seq_regression_count", "24.1.5", "mailbox"),
-    _m("cursor_advanced_by_push_total", "24.1.5", "gateway"),
+    _m(
+        "mailbox_seq_regression_count",
+        "24.1.5",
+        "mailbox",
+        note="moves when the fold had to hold a lane back from regressing "
+        "(lane_watermark_regression_total); its other trigger, an applied seq that went "
+        "backwards, cannot happen by construction (the fold skips seq <= applied)",
+    ),
+    _m(
+        "cursor_advanced_by_push_total",
+        "24.1.5",
+        "gateway",
+        note="a PULL_MAILBOX acked_seq past the prefix the session was served",
+    ),
     _pending("silent_gap_detected_total", "24.1.5", "the acceptance probe job is not built"),
     _pending(
         "event_id_nondeterminism_total",
@@ -178,7 +190,9 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
         "mailbox",
         ("mailbox_cursor_rebase_count_total",),
         note="a prometheus_client Counter always appends _total; the verbatim name needs a "
-        "Gauge like mailbox_seq_regression_count (mailbox_metrics.py)",
+        "Gauge like mailbox_seq_regression_count (mailbox_metrics.py). 0 by construction "
+        "for now: no reply carries CURSOR_REBASED until the epoch change procedure exists "
+        "(qim/agents/mailbox/reads.py: an older-epoch cursor gets CURSOR_EXPIRED)",
     ),
     _m(
         "cursor_expired_total / login_total",
