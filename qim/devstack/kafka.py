@@ -106,6 +106,11 @@ log.segment.bytes=67108864
 """
 
 
+def server_properties(cfg: KafkaConfig) -> str:
+    """The broker's ``server.properties``; the suite's container backend reuses it."""
+    return _server_properties(cfg)
+
+
 def _log4j2_properties(cfg: KafkaConfig) -> str:
     return f"""\
 status = warn

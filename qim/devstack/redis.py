@@ -47,6 +47,11 @@ logfile ""
 """
 
 
+def server_conf(cfg: RedisConfig) -> str:
+    """The server's ``redis.conf``; the suite's container backend reuses it."""
+    return _conf(cfg)
+
+
 def ping(port: int, timeout_s: float = 0.5) -> bool:
     """A raw RESP PING, so readiness needs no client library."""
     try:
