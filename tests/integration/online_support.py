@@ -145,9 +145,10 @@ async def barrier(devices: Sequence[Device], *sends: Awaitable[SendAck]) -> list
 
     Why this proves that an earlier message can no longer be pushed (again) to a device: its
     user's MailboxNode folds the conversation's dispatch records in conversation_seq order,
-    and plans and enqueues a message's PushBatches right after its WriteBatch, before it folds
-    the next record; the device's connection reads one to-gateway partition (its
-    ConnectionShard) in log order and writes to the socket in that order. So any push of an
+    and plans and enqueues the PushBatches of each fetched run, in log order, right after the
+    run's WriteBatch and before it folds the next run; the device's connection reads one
+    to-gateway partition (its ConnectionShard) in log order and writes to the socket in that
+    order. So any push of an
     earlier message of the same conversation -- a duplicate included -- reaches the socket
     before the later one. Pass one later message per conversation the check is about."""
     ids = [(await send).message_id for send in sends]
