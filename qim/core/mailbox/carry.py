@@ -9,10 +9,12 @@ only the retained entries lost it -- a conversation whose messages had all expir
 from the rebuilt list with its unread (``badge (3, 0, 0) != (0, 0, 0)`` on the shared stack).
 
 So trimming *carries* the trimmed entries the fold still needs, byte for byte, under
-``Z tenant 00 user 00 <the entry key's 17-byte tail>`` (same order as ``E``), in the trim's
-WriteBatch, and the rebuild folds carried and retained entries together. Per conversation, of
-the entries the fold reads (MENTION and user-state CONTROL entries, and those at or below
-their own visibility floor, have no effect) it keeps:
+``Z tenant 00 user 00 conversation_id 00 <the entry key's 17-byte tail>``, in the trim's
+WriteBatch; the rebuild folds carried and retained entries together, and the recount
+(``session_store.ShardMessageSource``) reads a message whose retention ended from the user's
+carried or retained entry, so a MARK_READ after the expiry counts what the rebuild counts.
+Per conversation, of the entries the fold reads (MENTION and user-state CONTROL entries, and
+those at or below their own visibility floor, have no effect) it keeps:
 
 * the entry with the highest ``conversation_seq`` (latest position, ``last_message_id``) and
   the one with the highest ``last_activity_id`` among those that affect the order;
@@ -25,10 +27,11 @@ Everything else cannot change a row and is dropped, so the carry stays bounded p
 conversation. The selection is a function of the *set* of trimmed entries (maxima and top-k
 over a union), so sweeping often or once leaves the same bytes (``qim replay mailbox``).
 
-Known limits, written down: a recount after an expiry (a MARK_READ that moves the base below
-an expired, still counted message) reads the shard's facts, which no longer count it, so that
-row can then differ from its rebuild until the user reads past it; more than
-``unread_precise_limit + 1`` trimmed mentions above the base are counted as that many.
+Known limits, written down: more than ``unread_precise_limit + 1`` trimmed mentions above the
+base are counted as that many; a recount does not see a recall whose target's retention ended
+unless the recall itself was carried (the decrement at the recall is exact either way); an
+expired entry the sweep cannot trim yet (a later day's entry before it, or above ``W[lane]``)
+whose shared row was already removed is not counted by a recount.
 """
 
 from __future__ import annotations
@@ -107,13 +110,18 @@ def select(rows: Iterable[Row], user_id: str, limit: int) -> list[Row]:
     return sorted(kept, key=lambda r: r[0])
 
 
-def carried_entries(kv: KVReader, tenant_id: str, user_id: str) -> list[Row]:
-    """The user's carried entries, in key order."""
+def carried_entries(
+    kv: KVReader, tenant_id: str, user_id: str, conversation_id: str | None = None
+) -> list[Row]:
+    """The user's carried entries (of one conversation, when given), in key order."""
     prefix = carry_prefix(tenant_id, user_id)
-    return [
+    if conversation_id is not None:
+        prefix = _conversation_prefix(tenant_id, user_id, conversation_id)
+    rows = [
         (parse_entry_key(key), decode_value(value, StoredEntry))
         for key, value in kv.scan(prefix, prefix, False)
     ]
+    return sorted(rows, key=lambda r: r[0])
 
 
 def carry_trimmed(
@@ -123,19 +131,25 @@ def carry_trimmed(
     trimmed: Sequence[tuple[bytes, StoredEntry]],
     limit: int,
 ) -> None:
-    """Fold the just-trimmed entries (their ``E`` keys) into the user's carry (one batch)."""
-    if not trimmed:
-        return
-    prefix = carry_prefix(tenant_id, user_id)
-    old = {
-        parse_entry_key(key): value
-        for key, value in kv.scan(prefix, prefix, False)  # raw: written again only when new
-    }
-    rows: list[Row] = [(k, decode_value(v, StoredEntry)) for k, v in old.items()]
-    rows += [(parse_entry_key(key), entry) for key, entry in trimmed]
-    kept = dict(select(rows, user_id, limit))
-    for key in sorted(old.keys() - kept.keys()):
-        kv.delete(prefix + entry_tail(*key))
-    for key, entry in sorted(kept.items()):
-        if key not in old:
-            kv.put(prefix + entry_tail(*key), encode_value(entry))
+    """Fold the just-trimmed entries (their ``E`` keys) into the user's carry, conversation by
+    conversation (one batch); only the rows whose selection changed are written."""
+    by_conv: dict[str, list[Row]] = {}
+    for raw, trimmed_entry in trimmed:
+        by_conv.setdefault(trimmed_entry.conversation_id, []).append(
+            (parse_entry_key(raw), trimmed_entry)
+        )
+    for conv in sorted(by_conv):
+        prefix = _conversation_prefix(tenant_id, user_id, conv)
+        old = {parse_entry_key(raw): value for raw, value in kv.scan(prefix, prefix, False)}
+        rows = [(k, decode_value(v, StoredEntry)) for k, v in old.items()] + by_conv[conv]
+        kept = dict(select(rows, user_id, limit))
+        for gone in sorted(old.keys() - kept.keys()):
+            kv.delete(prefix + entry_tail(*gone))
+        for key, entry in sorted(kept.items()):
+            if key not in old:
+                kv.put(prefix + entry_tail(*key), encode_value(entry))
+
+
+def _conversation_prefix(tenant_id: str, user_id: str, conversation_id: str) -> bytes:
+    validate_identifier(conversation_id, "conversation_id")
+    return carry_prefix(tenant_id, user_id) + conversation_id.encode() + b"\x00"

@@ -25,8 +25,9 @@ text ids are UTF-8 and NUL-terminated where a longer id could otherwise extend a
       a closed membership interval some slice listed (seed 003 M-5); facts, first copy wins.
     P mailbox_seq:u64                                                 -> GroupDispatch
       a dispatch waiting for its slice; materialized at this seq once the slice completes.
-    Z tenant 00 user 00 mailbox_seq:u64 event_ordinal:u8 event_id:u64  -> StoredEntry
-      a trimmed entry the session fold still needs (``carry``; never trimmed itself).
+    Z tenant 00 user 00 conversation_id 00 mailbox_seq:u64 event_ordinal:u8 event_id:u64
+      -> StoredEntry: a trimmed entry the session fold still needs (``carry``; bounded per
+      conversation, never trimmed itself).
     T tenant 00 user                                                  -> TrimState
       per-user trim lines; effective_trim(u) = max of them, monotone (6.5.2, 18.3.3).
     C tenant 00 user                                                  -> u64 entry count

@@ -24,6 +24,7 @@ from qim.core.mailbox import (
 from qim.core.mailbox.sessions import load_projection, rebuild_user
 from qim.core.session_list import UserProjection
 from qim.schemas.records.dispatch import EventTemplate, GroupDispatch, ShardLogRecord
+from qim.schemas.records.user_state import UserStateCommand
 from tests.unit.mailbox.support import BASE_TIME, CONFIG, EPOCH, T, amend, dispatch, local_users
 
 ME, ALICE, BOB = local_users(3, "p")
@@ -156,3 +157,40 @@ def test_more_trimmed_unread_than_the_precise_limit_stays_inexact_in_the_rebuild
     row = live.rows["d:flood"]
     assert (row.unread_count, row.unread_exact) == (LIMIT, False)
     assert _content(_rebuilt(store)) == _content(live)
+
+
+def _read(n: int, conv: str, read_seq: int, committed_at: int) -> UserStateCommand:
+    return UserStateCommand(
+        tenant_id=T,
+        user_id=ME,
+        conversation_id=conv,
+        action="mark_read",
+        command_id=n.to_bytes(16, "big"),
+        origin_device_id="phone",
+        target_mailbox_shard=CONFIG.mailbox_shard,
+        committed_at=committed_at,
+        read_conversation_seq=read_seq,
+    )
+
+
+def test_a_partial_read_after_the_expiry_still_counts_the_expired_messages_above_it() -> None:
+    """12.5.1 counts the conversation's messages, not the mailbox's: reading 1 of 3 expired
+    messages leaves 2 unread, before and after the sweep, live and rebuilt alike."""
+    log = _old_then_new()
+    later = DAY0 + 20 * DAY_MS + 5
+    swept_first = replay(log, shard_epoch=EPOCH, config=CONFIG)
+    swept_first.apply(retention_sweep(swept_first, 1 << 62, CONFIG).ops)
+    replay(
+        [(4, _read(1, "d:alice", 1, later))], shard_epoch=EPOCH, config=CONFIG, store=swept_first
+    )
+    unswept = replay([*log, (4, _read(1, "d:alice", 1, later))], shard_epoch=EPOCH, config=CONFIG)
+    for store in (swept_first, unswept):
+        live = load_projection(store, T, ME)
+        assert live.rows["d:alice"].unread_count == 2
+        assert live.rows["d:alice"].mention_count == 1  # seq 2 mentions ME
+    assert _content(load_projection(swept_first, T, ME)) == _content(
+        load_projection(unswept, T, ME)
+    )
+    assert _content(_rebuilt(swept_first)) == _content(load_projection(swept_first, T, ME))
+    unswept.apply(retention_sweep(unswept, 1 << 62, CONFIG).ops)
+    assert store_digest(unswept.items()) == store_digest(swept_first.items())
