@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import signal
 import socket
 from collections.abc import Awaitable, Callable
@@ -25,6 +26,7 @@ from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
 from qim.gateway.node import ConnectionNode
 from qim.gateway.ports import Authenticator, OwnAll, Ownership
+from qim.gateway.routing.send_rate import tenant_views
 from qim.observability.logging import configure as configure_logging
 from qim.params import Settings
 from qim.streams import runtime
@@ -165,6 +167,7 @@ def gateway(
     if not configure_logging(f"gateway:{node_id}"):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     try:
+        settings = Settings.load()
         config = GatewayConfig(
             node_id=node_id,
             host=host,
@@ -178,7 +181,8 @@ def gateway(
             route_requests=routing and bool(kafka_bootstrap),
             mailbox_sync=mailbox_sync and routing and bool(kafka_bootstrap),
             conversation_partition_count=conversation_partitions,
-            settings=Settings.load(),
+            settings=settings,
+            tenant_settings=tenant_views(settings, os.environ.get("QIM_TENANT_OVERRIDES")),
         )
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None

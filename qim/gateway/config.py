@@ -8,6 +8,7 @@ overrides, None meaning "the Settings value".
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,6 +60,8 @@ class GatewayConfig:
     user_requests_topic: str = USER_REQUESTS.name
     mailbox_sync_timeout_ms: int = 5_000  # no MailboxReply by then: ERROR{SHARD_MOVED} + close
     settings: Settings = field(default_factory=Settings.load)
+    # per-tenant views (QIM_TENANT_OVERRIDES), for the per-user limits this node enforces
+    tenant_settings: Mapping[str, Settings] = field(default_factory=dict)
     unauth_connection_timeout_ms: int | None = None
     next_ping_interval_ms: int | None = None
     idle_timeout_ms: int | None = None

@@ -25,6 +25,9 @@ text ids are UTF-8 and NUL-terminated where a longer id could otherwise extend a
       a closed membership interval some slice listed (seed 003 M-5); facts, first copy wins.
     P mailbox_seq:u64                                                 -> GroupDispatch
       a dispatch waiting for its slice; materialized at this seq once the slice completes.
+    Z tenant 00 user 00 conversation_id 00 mailbox_seq:u64 event_ordinal:u8 event_id:u64
+      -> StoredEntry: a trimmed entry the session fold still needs (``carry``; bounded per
+      conversation, never trimmed itself).
     T tenant 00 user                                                  -> TrimState
       per-user trim lines; effective_trim(u) = max of them, monotone (6.5.2, 18.3.3).
     C tenant 00 user                                                  -> u64 entry count
@@ -70,6 +73,7 @@ __all__ = [
     "departure_key",
     "dispatch_key",
     "entry_key",
+    "entry_tail",
     "expiry_key",
     "expiry_target",
     "fencing_key",
@@ -123,9 +127,12 @@ def entry_key(
     tenant_id: str, user_id: str, mailbox_seq: int, event_ordinal: int, event_id: int
 ) -> bytes:
     """The key of one UserMailboxEntry (primary key order of spec 7.3)."""
-    return user_entry_prefix(tenant_id, user_id) + _ENTRY_TAIL.pack(
-        mailbox_seq, event_ordinal, event_id
-    )
+    return user_entry_prefix(tenant_id, user_id) + entry_tail(mailbox_seq, event_ordinal, event_id)
+
+
+def entry_tail(mailbox_seq: int, event_ordinal: int, event_id: int) -> bytes:
+    """The fixed 17-byte clustering tail of an entry key (also the carry's, ``carry``)."""
+    return _ENTRY_TAIL.pack(mailbox_seq, event_ordinal, event_id)
 
 
 class EntryKey(NamedTuple):

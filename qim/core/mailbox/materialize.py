@@ -259,6 +259,7 @@ class _Fold:
                 retention_days=config.retention_days(tenant),
                 cap=config.max_mailbox_entries_per_user,
                 cap_target=config.cap_target,
+                carry_limit=config.session_list.unread_precise_limit,
             )
             self.metrics["mailbox_entry_cap_evicted_total"] += done.evicted
             if done.evicted:

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from qim.core.mailbox.carry import carry_trimmed
 from qim.core.mailbox.config import DAY_MS, MailboxConfig
 from qim.core.mailbox.keys import (
     COUNT,
@@ -82,16 +83,19 @@ def trim_user(
     retention_days: int,
     cap: int | None = None,
     cap_target: int = 0,
+    carry_limit: int,
 ) -> UserTrim:
     """Trim one user's mailbox at log time ``now_ms``, never above ``bound_seq``.
 
     First the leading groups whose entries have all expired; then, if more than ``cap``
-    entries remain, the oldest groups until at most ``cap_target`` do.
+    entries remain, the oldest groups until at most ``cap_target`` do. What the session fold
+    still needs of the trimmed entries is carried (``carry``, ``carry_limit`` =
+    ``unread_precise_limit``), so the list can be rebuilt after the trim (12.1, issue 14).
     """
     remaining = decode_u64(kv.get(count_key(tenant_id, user_id)))
     old = _trim_state(kv, tenant_id, user_id)
     ttl_seq, user_seq = old.ttl_trim_seq, old.user_trim_seq
-    doomed: list[bytes] = []
+    doomed: list[tuple[bytes, StoredEntry]] = []
     expired = evicted = 0
     cap_active: bool | None = None  # decided where the expired run ends
     for seq, rows in _groups(kv, user_entry_prefix(tenant_id, user_id)):
@@ -99,7 +103,7 @@ def trim_user(
             break
         if cap_active is None:
             if all(expiry_at(e.created_at, retention_days) <= now_ms for _, e in rows):
-                doomed += (key for key, _ in rows)
+                doomed += rows
                 expired += len(rows)
                 remaining -= len(rows)
                 ttl_seq = max(ttl_seq, seq)
@@ -107,12 +111,13 @@ def trim_user(
             cap_active = cap is not None and remaining > cap
         if not cap_active or remaining <= cap_target:
             break
-        doomed += (key for key, _ in rows)
+        doomed += rows
         evicted += len(rows)
         remaining -= len(rows)
         user_seq = max(user_seq, seq)
-    for key in doomed:
+    for key, _ in doomed:
         kv.delete(key)
+    carry_trimmed(kv, tenant_id, user_id, doomed, carry_limit)
     trim = TrimState(ttl_trim_seq=ttl_seq, user_trim_seq=user_seq)
     if doomed:
         counter = count_key(tenant_id, user_id)
@@ -177,6 +182,7 @@ def retention_sweep(view: KVReader, now_ms: int, config: MailboxConfig) -> Sweep
             now_ms=now,
             bound_seq=watermarks[lane],
             retention_days=config.retention_days(tenant_id),
+            carry_limit=config.session_list.unread_precise_limit,
         )
         metrics["mailbox_entries_expired_total"] += done.expired
     due: list[tuple[bytes, bytes]] = []

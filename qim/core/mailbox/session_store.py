@@ -29,16 +29,18 @@ from typing import Final
 
 import msgspec
 
-from qim.core.mailbox.keys import u64
+from qim.core.mailbox.carry import carried_entries
+from qim.core.mailbox.keys import u64, user_entry_prefix
 from qim.core.mailbox.kvstore import Overlay
 from qim.core.mailbox.ports import KVReader
+from qim.core.mailbox.values import StoredEntry, decode_value
 from qim.core.session_list import (
     MessageFacts,
     UserConversationState,
     UserProjection,
 )
 from qim.core.session_list.rows import InputKey, SessionRow, UserBadgeState
-from qim.schemas.frames.base import MENTION_ALL, U64, MentionType
+from qim.schemas.frames.base import MENTION_ALL, U64, EntryFlags, EventType, MentionType
 from qim.schemas.hashing import validate_identifier
 from qim.schemas.records.dispatch import GroupDispatch
 
@@ -228,8 +230,15 @@ def decode_state(data: bytes) -> UserConversationState:
 @dataclass(frozen=True, slots=True)
 class ShardMessageSource:
     """``MessageSource`` over the shard's ``R`` rows for one user (12.5.2): log-consistent
-    because a row is visible only when it arrived at or before ``as_of_mailbox_seq`` and its
-    retention had not ended by ``log_now_ms`` (the fold's log time), swept or not."""
+    because a row is visible only when it arrived at or before ``as_of_mailbox_seq``.
+
+    A message whose retention ended by ``log_now_ms`` (the fold's log time) still counts
+    (12.5.1 counts the conversation's messages, not the mailbox's), read from the user's own
+    entry instead: the retained one at the row's ``mailbox_seq`` while the sweep has not run,
+    the carried one (``carry``) after it trimmed the entry and removed the row. Either way the
+    answer is the same whether or not a sweep ran, so a fold never depends on when sweeps ran
+    (18.3; the dedup row's ``expire_at`` works the same way), and it is what a rebuild from the
+    retained and carried entries counts (issue 14)."""
 
     kv: KVReader
     tenant_id: str
@@ -246,24 +255,73 @@ class ShardMessageSource:
     ) -> Sequence[MessageFacts]:
         prefix = facts_prefix(self.tenant_id, conversation_id)
         at = len(prefix)
-        out: list[MessageFacts] = []
+        found: dict[int, MessageFacts] = {}
         for key, value in self.kv.scan(prefix, prefix + u64(after_seq + 1), False):
             seq = int.from_bytes(key[at : at + 8], "big")
-            if seq > upto_seq or len(out) >= limit:
+            if seq > upto_seq or len(found) >= limit:
                 break
             facts = _FACTS.decode(value)
-            if facts.mailbox_seq > as_of_mailbox_seq or facts.expired_by(self.log_now_ms):
+            if facts.mailbox_seq > as_of_mailbox_seq:
                 continue
-            out.append(
-                MessageFacts(
+            removed = facts.removed_as_of(as_of_mailbox_seq)
+            if not facts.expired_by(self.log_now_ms):
+                found[seq] = MessageFacts(
                     conversation_seq=seq,
                     sender_id=facts.sender_id,
                     counts_unread=facts.counts_unread,
                     mention_type=facts.mention_type(self.user_id),
-                    removed=facts.removed_as_of(as_of_mailbox_seq),
+                    removed=removed,
                 )
-            )
-        return out
+                continue
+            entry = self._retained(facts.mailbox_seq, conversation_id, seq)
+            if entry is not None:
+                found[seq] = _entry_facts(entry, removed)
+        for carried in self._carried(conversation_id, after_seq, upto_seq, as_of_mailbox_seq):
+            found.setdefault(carried.conversation_seq, carried)
+        return [found[seq] for seq in sorted(found)[:limit]]
+
+    def _retained(self, mailbox_seq: int, conversation_id: str, seq: int) -> StoredEntry | None:
+        """The user's own entry for the message at ``mailbox_seq``, if the mailbox still has it."""
+        at = user_entry_prefix(self.tenant_id, self.user_id) + u64(mailbox_seq)
+        for _, value in self.kv.scan(at, at, False):
+            entry = decode_value(value, StoredEntry)
+            if (
+                entry.conversation_id == conversation_id
+                and entry.conversation_seq == seq
+                and entry.event_type != EventType.MENTION
+            ):
+                return entry
+        return None
+
+    def _carried(
+        self, conversation_id: str, after_seq: int, upto_seq: int, as_of: int
+    ) -> list[MessageFacts]:
+        """The user's carried messages of the conversation in ``(after, upto]``; removed when
+        a carried recall / delete of them is at or before ``as_of``."""
+        rows = carried_entries(self.kv, self.tenant_id, self.user_id, conversation_id)
+        removed = {
+            e.target_conversation_seq
+            for key, e in rows
+            if e.amend_action in REMOVING and key.mailbox_seq <= as_of
+        }
+        return [
+            _entry_facts(e, e.conversation_seq in removed)
+            for key, e in rows
+            if after_seq < e.conversation_seq <= upto_seq
+            and key.mailbox_seq <= as_of
+            and e.event_type not in (EventType.CONTROL, EventType.MENTION)
+        ]
+
+
+def _entry_facts(entry: StoredEntry, removed: bool) -> MessageFacts:
+    """A message as the user's own entry shows it (its ``mention_type`` is the user's)."""
+    return MessageFacts(
+        conversation_seq=entry.conversation_seq,
+        sender_id=entry.sender_id,
+        counts_unread=bool(entry.flags & EntryFlags.COUNTS_UNREAD),
+        mention_type=entry.mention_type,
+        removed=removed,
+    )
 
 
 def preview_of(kv: KVReader, tenant_id: str, conversation_id: str, seq: int) -> bytes:

@@ -28,6 +28,7 @@ from typing import Final
 
 import msgspec
 
+from qim.core.mailbox.carry import carried_entries
 from qim.core.mailbox.expand import EntryRow
 from qim.core.mailbox.keys import META, EntryKey, parse_entry_key, user_entry_prefix
 from qim.core.mailbox.kvstore import Overlay
@@ -230,16 +231,19 @@ class SessionFolds:
 def rebuild_user(
     kv: KVReader, tenant_id: str, user_id: str, config: SessionListConfig, lane_count: int
 ) -> UserProjection:
-    """Drop-and-rebuild (INV-01): the user's 7.5 states first, then every retained entry in
+    """Drop-and-rebuild (INV-01): the user's 7.5 states first, then every retained entry and
+    every entry trimming carried (``carry``: what the fold needs of the trimmed ones, 12.1) in
     mailbox order. Equal list to the incremental fold (same visibility, base and counts).
     The stored rows are read (not the A.4.1 shape), for the ``amend_action`` of an amend."""
     del lane_count  # kept for the callers; the entries are scanned directly
     p = UserProjection(user_id=user_id, states=load_states(kv, tenant_id, user_id))
     prefix = user_entry_prefix(tenant_id, user_id)
-    inputs = [
-        entry_in(parse_entry_key(key), decode_value(value, StoredEntry))
+    rows = dict(carried_entries(kv, tenant_id, user_id))
+    rows.update(
+        (parse_entry_key(key), decode_value(value, StoredEntry))
         for key, value in kv.scan(prefix, prefix, False)
-    ]
+    )
+    inputs = [entry_in(key, rows[key]) for key in sorted(rows)]
     meta = kv.get(META)
     log_now = 0 if meta is None else decode_value(meta, ShardMeta).log_now_ms
     source = ShardMessageSource(kv, tenant_id, user_id, log_now)

@@ -63,8 +63,9 @@ from qim.gateway.routing.mailbox_requests import MailboxRequests
 from qim.gateway.routing.metrics import RoutingMetrics
 from qim.gateway.routing.replies import ReplyVerdict, reply_send, resolve_reply
 from qim.gateway.routing.rules import Routed, not_offered, request_kind, route_frame
+from qim.gateway.routing.send_rate import UserMsgRate
 from qim.observability.logging import trace
-from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, for_code
+from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, SendMessage, for_code
 from qim.schemas.frames.control import ConversationState, MarkRead
 from qim.schemas.frames.history import PullSessionList
 from qim.schemas.records.push import (
@@ -168,6 +169,7 @@ class ConversationRouter:
         self._pending: dict[_PendingKey, _Pending] = {}
         self._pump: asyncio.Task[None] | None = None
         self.mailbox: MailboxRequests | None = None  # login sync, when the node has it on
+        self.send_rate: UserMsgRate | None = None  # per_user_msg_rate (send_rate.py)
         self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
         self.push_metrics: PushMetrics | None = None  # the node's (24.1.6, body_encode_count)
         self.metrics = RoutingMetrics(
@@ -211,6 +213,8 @@ class ConversationRouter:
         if self.mailbox is not None and isinstance(frame.body, ConversationState):
             self.mailbox.conversation_state(conn, frame)
             return
+        if isinstance(frame.body, SendMessage) and not self._admit_send(conn, frame):
+            return
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(
             frame, grant, connection_shard=shard, partition_count=self.forwarder.partition_count
@@ -231,6 +235,29 @@ class ConversationRouter:
         self._remember(key, routed.kind)
         if not self.forwarder.submit(routed, lambda exc: self._produced(conn, key, routed, exc)):
             self._failed(conn, key, routed, "queue_full")
+
+    def _admit_send(self, conn: Connection, frame: Frame) -> bool:
+        """Take the user's ``per_user_msg_rate`` token, or answer RATE_LIMITED with the time a
+        retry can succeed (``send_rate``; not jittered here, the client adds its own)."""
+        grant = conn.session.grant
+        if self.send_rate is None or grant is None:
+            return True
+        verdict = self.send_rate.take(grant.tenant_id, grant.user_id, self._clock_ms())
+        if verdict.retry_after_ms is None:
+            return True
+        self.metrics.rate_limited.labels(
+            tenant=grant.tenant_id, dimension="per_user_msg_rate"
+        ).inc()
+        self.metrics.send_reject.labels(code=ErrorCode.RATE_LIMITED.name).inc()
+        rid = frame.header.request_id
+        error = Error(
+            code=int(ErrorCode.RATE_LIMITED),
+            retry_after_ms=verdict.retry_after_ms,
+            detail="per_user_msg_rate",
+            request_id=rid,
+        )
+        conn.apply([Send(error, request_id=rid, version=conn.session.version)])
+        return False
 
     def _produced(
         self, conn: Connection, key: _PendingKey, routed: Routed, exc: BaseException | None
@@ -409,6 +436,7 @@ def build_router(
         clock_ms=clock_ms,
         retry_after_ms=int(settings.region_failover_retry_after_ms),
     )
+    router.send_rate = UserMsgRate(settings, config.tenant_settings)
     if config.mailbox_sync:
         router.mailbox = MailboxRequests(
             forwarder,

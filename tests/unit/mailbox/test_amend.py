@@ -452,9 +452,10 @@ def test_sdk_session_list_takes_the_recall_delta_in_place() -> None:
 
 
 def test_a_recall_after_retention_folds_the_same_whether_or_not_a_sweep_ran() -> None:
-    """18.3 + 12.5.5: the recall of the first mention moves it to the next one *still retained
-    at the recall's log time*; a facts row whose retention ended counts as gone whether or not
-    a sweep removed it yet (found by the sweep-convergence property test)."""
+    """18.3 + 12.5.5: the recall of the first mention moves it to the next one, whether or not a
+    sweep removed the expired messages yet (found by the sweep-convergence property test): a
+    message whose retention ended is read from the user's retained or carried entry (12.5.1
+    counts the conversation's messages, issue 14), so the first mention agrees with the count."""
     day = 24 * 3600 * 1000
     mentions = EventTemplate(mention_targets=(ME,))
     old = [
@@ -481,4 +482,8 @@ def test_a_recall_after_retention_folds_the_same_whether_or_not_a_sweep_ran() ->
     swept, unswept = run_log(True), run_log(False)
     assert store_digest(swept.items()) == store_digest(unswept.items())
     row = load_projection(unswept, T, ME).rows[CONV]
-    assert row.mention_first_conversation_seq == 4  # not the expired seq 2
+    assert (row.mention_count, row.mention_first_conversation_seq) == (3, 2)  # 2, 3 and 4
+    rebuilt = rebuild_user(swept, T, ME, CONFIG.session_list, CONFIG.lane_count).rows[CONV]
+    assert msgspec.structs.replace(rebuilt, projection_mailbox_seq=0) == msgspec.structs.replace(
+        load_projection(swept, T, ME).rows[CONV], projection_mailbox_seq=0
+    )

@@ -10,6 +10,7 @@ retention sweeps run often or once.
 
 from __future__ import annotations
 
+import msgspec
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,17 +26,22 @@ from qim.core.mailbox import (
     retention_sweep,
     store_digest,
 )
-from qim.schemas.records.dispatch import DispatchLogRecord, EventTemplate, GroupDispatch
+from qim.core.mailbox.sessions import load_projection, rebuild_user
+from qim.core.session_list import UserProjection
+from qim.schemas.records.dispatch import EventTemplate, GroupDispatch, ShardLogRecord
+from qim.schemas.records.user_state import UserStateCommand
 from tests.unit.mailbox.support import (
     BASE_TIME,
     EPOCH,
-    Log,
+    T,
     amend,
     dispatch,
     group_slice,
     local_users,
     remote_user,
 )
+
+ShardLog = list[tuple[int, ShardLogRecord]]
 
 CONFIG = MailboxConfig(
     mailbox_shard=0,
@@ -50,8 +56,8 @@ FAST = settings(max_examples=60, deadline=None, suppress_health_check=[HealthChe
 
 
 @st.composite
-def logs(draw: st.DrawFn) -> Log:
-    records: list[DispatchLogRecord] = []
+def logs(draw: st.DrawFn) -> ShardLog:
+    records: list[ShardLogRecord] = []  # the fanout's records and users' MARK_READs
     versions = dict.fromkeys(GROUPS, 0)
     group_seq = dict.fromkeys(GROUPS, 0)
     epochs = dict.fromkeys(GROUPS, 1)
@@ -59,7 +65,7 @@ def logs(draw: st.DrawFn) -> Log:
     sent: list[GroupDispatch] = []
     for n in range(1, draw(st.integers(1, 30)) + 1):
         now += draw(st.integers(0, DAY_MS))
-        kinds = ["direct", "group", "version", "dup", "epoch", "notice", "amend"]
+        kinds = ["direct", "group", "version", "dup", "epoch", "notice", "amend", "read"]
         kind = draw(st.sampled_from(kinds))
         messages = [m for m in sent if m.event_type == 0 and m.amend_action is None]
         group = draw(st.sampled_from(GROUPS))
@@ -124,12 +130,35 @@ def logs(draw: st.DrawFn) -> Log:
                 committed_at=now,
                 seq_in_conversation=seq,
             )
+        elif kind == "read" and any(m.conversation_kind == "direct" for m in messages):
+            # a MARK_READ of a local user (a log record: rebases, recounts). Direct
+            # conversations only: these logs' group joins are bare slices without the
+            # MEMBERSHIP entry the writer always sends, so the user's 7.5 state would not know
+            # its joined_at and a recount would count messages from before the join
+            directs = sorted(
+                {m.conversation_id for m in messages if m.conversation_kind == "direct"}
+            )
+            conv = draw(st.sampled_from(directs))
+            records.append(
+                UserStateCommand(
+                    tenant_id=T,
+                    user_id=draw(st.sampled_from(USERS[:-1])),
+                    conversation_id=conv,
+                    action="mark_read",
+                    command_id=n.to_bytes(16, "big"),
+                    target_mailbox_shard=CONFIG.mailbox_shard,
+                    committed_at=now,
+                    read_conversation_seq=draw(st.integers(0, max(group_seq.values()) + n)),
+                )
+            )
+            continue
         elif kind == "dup" and sent:
             d = draw(st.sampled_from(sent))
         else:
             pair = draw(st.lists(st.sampled_from(USERS), min_size=2, max_size=2, unique=True))
             d = dispatch(
                 n,
+                conversation="d:" + ":".join(sorted(pair)),  # one conversation per pair
                 sender=pair[0],
                 participants=sorted(pair),
                 committed_at=now,
@@ -150,7 +179,7 @@ cuts = st.lists(st.integers(1, 7), min_size=1, max_size=6)
 @FAST
 @given(log=logs(), first=cuts, second=cuts)
 def test_26_replay_of_any_batch_cutting_gives_identical_bytes(
-    log: Log, first: list[int], second: list[int]
+    log: ShardLog, first: list[int], second: list[int]
 ) -> None:
     whole = replay(log, shard_epoch=EPOCH, config=CONFIG)
     one = replay(log, shard_epoch=EPOCH, config=CONFIG, batch_sizes=first)
@@ -164,7 +193,9 @@ def test_26_replay_of_any_batch_cutting_gives_identical_bytes(
 
 @FAST
 @given(log=logs(), data=st.data())
-def test_M2_a_lost_batch_and_a_restart_from_min_w_converge(log: Log, data: st.DataObject) -> None:
+def test_M2_a_lost_batch_and_a_restart_from_min_w_converge(
+    log: ShardLog, data: st.DataObject
+) -> None:
     reference = replay(log, shard_epoch=EPOCH, config=CONFIG)
     crash = data.draw(st.integers(0, len(log)))
     cache = SliceCache(max_entries=2)  # survives the lost batch: must not change the outcome
@@ -190,7 +221,7 @@ def test_M2_a_lost_batch_and_a_restart_from_min_w_converge(log: Log, data: st.Da
 @FAST
 @given(log=logs(), every=cuts)
 def test_18_3_sweeps_at_any_log_time_converge_with_one_final_sweep(
-    log: Log, every: list[int]
+    log: ShardLog, every: list[int]
 ) -> None:
     once = replay(log, shard_epoch=EPOCH, config=CONFIG)
     once.apply(retention_sweep(once, 1 << 62, CONFIG).ops)
@@ -207,3 +238,33 @@ def test_18_3_sweeps_at_any_log_time_converge_with_one_final_sweep(
         often.apply(retention_sweep(often, 1 << 62, CONFIG).ops)
     often.apply(retention_sweep(often, 1 << 62, CONFIG).ops)
     assert store_digest(often.items()) == store_digest(once.items())
+
+
+def _shown(p: UserProjection) -> tuple[object, ...]:
+    """What a device sees (``projection_replay._content``): rows without stamps, the badge."""
+    rows = {c: msgspec.structs.replace(r, projection_mailbox_seq=0) for c, r in p.rows.items()}
+    return rows, p.badge.sums
+
+
+@FAST
+@given(log=logs(), every=cuts)
+def test_12_2_every_list_rebuilds_identically_after_any_trims(
+    log: ShardLog, every: list[int]
+) -> None:
+    """Issue 14: the time window (1 day here) and the entry cap (9) trim every user's mailbox
+    in these logs; the rebuild from the retained and carried entries gives the live list."""
+    store = MemoryMailboxStore()
+    position = 0
+    for size in every * len(log):
+        if position >= len(log):
+            break
+        commit(
+            store,
+            materialize(store, log[position : position + size], shard_epoch=EPOCH, config=CONFIG),
+        )
+        position += size
+        store.apply(retention_sweep(store, 1 << 62, CONFIG).ops)
+    for user in USERS[:-1]:
+        live = load_projection(store, T, user)
+        rebuilt = rebuild_user(store, T, user, CONFIG.session_list, CONFIG.lane_count)
+        assert _shown(rebuilt) == _shown(live), user
