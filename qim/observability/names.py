@@ -266,6 +266,14 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
         ("qim_writer_quota_refused_total",),
         note='dimension="max_conversations_per_user" (conversation_quota_exhausted)',
     ),
+    _m(
+        "limit refusals per (tenant, dimension) (ConnectionNode)",
+        "20.4.1",
+        "gateway",
+        ("qim_gateway_rate_limited_total",),
+        note='dimension="per_user_history_pull_rate"; each refusal is RATE_LIMITED with the '
+        "retry_after_ms of the bucket's next unpromised token (qim.core.ratelimit)",
+    ),
     # 26.8 (a broker restart): a producer the restart left unusable is replaced by itself
     # (qim/streams/producer.py); the spec names no metric. reason = the error that showed it
     _m(

@@ -84,6 +84,11 @@ class RoutingMetrics:
             "requests not produced (Kafka error or full queue), answered RATE_LIMITED",
             ["kind", "reason"], registry=r,
         )  # fmt: skip
+        self.rate_limited = Counter(
+            "qim_gateway_rate_limited_total",
+            "requests refused RATE_LIMITED by a per-user limit of this node (20.4.1 rule 3)",
+            ["tenant", "dimension"], registry=r,
+        )  # fmt: skip
         self.unrouted = Counter(
             "qim_gateway_frames_unrouted_total",
             "business frames without a route on this node yet, dropped", ["frame"], registry=r,

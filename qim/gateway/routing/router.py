@@ -47,11 +47,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 import msgspec
 from prometheus_client import CollectorRegistry
 
+from qim.core.ratelimit import KeyedBuckets
 from qim.gateway.actions import Send
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.logins import jittered
@@ -64,9 +65,10 @@ from qim.gateway.routing.metrics import RoutingMetrics
 from qim.gateway.routing.replies import ReplyVerdict, reply_send, resolve_reply
 from qim.gateway.routing.rules import Routed, not_offered, request_kind, route_frame
 from qim.observability.logging import trace
+from qim.params.values import Rate
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, for_code
 from qim.schemas.frames.control import ConversationState, MarkRead
-from qim.schemas.frames.history import PullSessionList
+from qim.schemas.frames.history import PullHistory, PullSessionList
 from qim.schemas.records.push import (
     PresenceStale,
     PushBatch,
@@ -83,6 +85,7 @@ __all__ = ["ConversationRouter", "ReplySource", "build_router"]
 
 log = logging.getLogger(__name__)
 
+_HISTORY_PULL_RATE: Final = Rate(count=5, period_ms=1000)  # B.5 per_user_history_pull_rate
 _PendingKey = tuple[str, str, str, int, int]  # tenant, user, device, session_epoch, request_id
 
 
@@ -157,6 +160,7 @@ class ConversationRouter:
         retry_after_ms: int = 2000,
         pending_ttl_ms: int = 60_000,
         max_pending: int = 100_000,
+        history_pull_rate: Rate = _HISTORY_PULL_RATE,
     ) -> None:
         self.forwarder = forwarder
         self._registry = registry
@@ -166,6 +170,11 @@ class ConversationRouter:
         self._pending_ttl_ms = pending_ttl_ms
         self._max_pending = max_pending
         self._pending: dict[_PendingKey, _Pending] = {}
+        # per_user_history_pull_rate (20.4.1: "in front of MessageStore"): every device of a
+        # user reaches this node (its ConnectionShard's owner), so the bucket is exact per user
+        self.history_pulls: KeyedBuckets[tuple[str, str]] = KeyedBuckets(
+            history_pull_rate.per_second, history_pull_rate.count
+        )
         self._pump: asyncio.Task[None] | None = None
         self.mailbox: MailboxRequests | None = None  # login sync, when the node has it on
         self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
@@ -211,6 +220,8 @@ class ConversationRouter:
         if self.mailbox is not None and isinstance(frame.body, ConversationState):
             self.mailbox.conversation_state(conn, frame)
             return
+        if isinstance(frame.body, PullHistory) and not self._admit_history(conn, frame):
+            return
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(
             frame, grant, connection_shard=shard, partition_count=self.forwarder.partition_count
@@ -231,6 +242,28 @@ class ConversationRouter:
         self._remember(key, routed.kind)
         if not self.forwarder.submit(routed, lambda exc: self._produced(conn, key, routed, exc)):
             self._failed(conn, key, routed, "queue_full")
+
+    def _admit_history(self, conn: Connection, frame: Frame) -> bool:
+        """Take a ``per_user_history_pull_rate`` token, or answer RATE_LIMITED with the time
+        a retry can succeed (the bucket's promise, :mod:`qim.core.ratelimit`; not jittered
+        here: an earlier retry would be refused again, the client adds its own jitter)."""
+        grant = conn.session.grant
+        assert grant is not None
+        verdict = self.history_pulls.take((grant.tenant_id, grant.user_id), self._clock_ms())
+        if verdict.retry_after_ms is None:
+            return True
+        self.metrics.rate_limited.labels(
+            tenant=grant.tenant_id, dimension="per_user_history_pull_rate"
+        ).inc()
+        rid = frame.header.request_id
+        error = Error(
+            code=int(ErrorCode.RATE_LIMITED),
+            retry_after_ms=verdict.retry_after_ms,
+            detail="per_user_history_pull_rate",
+            request_id=rid,
+        )
+        conn.apply([Send(error, request_id=rid, version=conn.session.version)])
+        return False
 
     def _produced(
         self, conn: Connection, key: _PendingKey, routed: Routed, exc: BaseException | None
@@ -408,6 +441,7 @@ def build_router(
         metrics_registry,
         clock_ms=clock_ms,
         retry_after_ms=int(settings.region_failover_retry_after_ms),
+        history_pull_rate=settings.per_user_history_pull_rate,
     )
     if config.mailbox_sync:
         router.mailbox = MailboxRequests(
@@ -420,6 +454,7 @@ def build_router(
             mailbox_shard_count=int(settings.mailbox_shard_count),
             node_id=config.node_id,
             timeout_ms=config.mailbox_sync_timeout_ms,
+            request_timeout_ms=config.mailbox_request_timeout_ms,
             retry_after_ms=int(settings.reconnect_backoff.initial_ms),
             clock_ms=clock_ms,
         )
