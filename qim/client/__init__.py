@@ -42,6 +42,7 @@ from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import Identity, direct_conversation_id, identity_from_token
 from qim.client.login import SyncResult, catch_up, login_and_sync
+from qim.client.retry import retry_delay_ms
 from qim.client.sessions import SessionList
 from qim.client.state import TRANSITIONS, ClientEvent, ClientState, ClientStateMachine
 from qim.client.sync import DeviceCursor, MailboxSync
@@ -103,6 +104,7 @@ __all__ = [
     "open_transport",
     "parse_url",
     "resolve_hint",
+    "retry_delay_ms",
     "route_token_of",
     "tls_client_context",
 ]

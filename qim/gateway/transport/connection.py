@@ -178,6 +178,8 @@ class Connection:
             if isinstance(action, SendPush):
                 self._enqueue_push(action)
             elif isinstance(action, Send):
+                if self._dropped_notice(action):
+                    continue
                 if self._merge is not None and isinstance(action.body, SessionDelta | BadgeUpdate):
                     if not self._closing:
                         self._merge.hold(self, action.body)
@@ -203,14 +205,22 @@ class Connection:
             self._enqueue(Send(body, version=self.session.version))
         self._check_flow()
 
+    def _dropped_notice(self, send: Send) -> bool:
+        """A notice while DEGRADED is not queued (nor held for merging): only a flag is kept."""
+        if not isinstance(send.body, _NOTICES) or send.stream not in (None, Stream.REALTIME):
+            return False
+        if self.session.flow_state not in (FlowState.DEGRADED, FlowState.CLOSING):
+            return False
+        self._hooks.count(self, Count("degraded_drop", spec_for_model(type(send.body)).name))
+        self.session.notice_dropped()  # the next PONG says mailbox_dirty
+        return True
+
     def _enqueue(self, send: Send) -> None:
+        if self._dropped_notice(send):
+            return
         spec = spec_for_model(type(send.body))
         stream = spec.stream if send.stream is None else send.stream
         notice = stream == Stream.REALTIME and isinstance(send.body, _NOTICES)
-        if notice and self.session.flow_state in (FlowState.DEGRADED, FlowState.CLOSING):
-            self._hooks.count(self, Count("degraded_drop", spec.name))
-            self.session.notice_dropped()  # the next PONG says mailbox_dirty
-            return
         pieces = encode_fragments(
             send.body,
             send.request_id,
