@@ -26,6 +26,12 @@ also carries -- an outage should page too. Most broker blips never reach the cli
 forwarder queues while Kafka is away, and a producer a restart left unusable is replaced and
 its records sent again (``forwarder``).
 
+``per_user_history_pull_rate`` (20.4.1, B.5) is kept here, before the request is produced: a
+user's devices all reach this node (the owner of the user's ConnectionShard), so one bucket
+per ``(tenant, user)`` is exact. Over it PULL_HISTORY is answered ``ERROR{RATE_LIMITED,
+retry_after_ms}`` at once, the hint being the token the bucket promised to that refusal
+(:mod:`qim.core.ratelimit`), and ``qim_gateway_rate_limited_total{tenant,dimension}`` counts it.
+
 With ``mailbox_sync`` the same forwarder and reader also carry login sync
 (:class:`~qim.gateway.routing.mailbox_requests.MailboxRequests`): PULL_MAILBOX goes to
 ``qim.user-requests`` at the user's MailboxShard, and ``kind="mailbox_reply"`` records of the
