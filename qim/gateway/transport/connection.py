@@ -20,8 +20,9 @@ node's :class:`~qim.gateway.transport.budget.NodeSendBudget` (11.3.3). With a ``
 come back through :meth:`Connection.deliver_merged`; a close discards them.
 
 DEGRADED drops the *whole* pending real-time queue (11.3.1): the queued PUSH_EVENTS and the
-queued notices (SESSION_DELTA, BADGE_UPDATE, READ_SYNC: absolute values that the mailbox and
-the session list repair, 12.6), also those still in the merge window; while DEGRADED no new
+queued notices (every server-initiated stream-1 frame: SESSION_DELTA, BADGE_UPDATE, READ_SYNC
+are absolute values that the mailbox and the session list repair, 12.6; a relayed TYPING is
+ephemeral), also those still in the merge window; while DEGRADED no new
 notice is queued either (a drop after the degradation's ERROR{MAILBOX_DIRTY} sets the PONG's
 ``mailbox_dirty``). Replies on stream 1 (SEND_ACK, ONLINE_READY) are never dropped;
 ``qim_gateway_degraded_drops_total{frame}`` counts the drops.
@@ -52,15 +53,24 @@ from qim.gateway.transport.budget import NodeSendBudget
 from qim.gateway.transport.outbound import OutboundQueue, PushTag
 from qim.gateway.transport.sendbuf import InFlight, push_pieces
 from qim.schemas.frames import DEFAULT_CHUNK_BYTES, Frame, Stream, encode_fragments, spec_for_model
-from qim.schemas.frames.control import ReadSync
 from qim.schemas.frames.history import BadgeUpdate, SessionDelta
 
 __all__ = ["Connection", "ConnectionHooks", "Transport"]
 
 log = logging.getLogger(__name__)
 DEFAULT_DRAIN_POLL_MS = 50
-_NOTICES = (SessionDelta, BadgeUpdate, ReadSync)
-"""Server-initiated real-time frames DEGRADED drops (absolute values a pull repairs, 12.6)."""
+
+
+def _notice(send: Send) -> str:
+    """The frame name when ``send`` is a notice, else "": a server-initiated stream-1 frame
+    (request_id 0: SESSION_DELTA, BADGE_UPDATE, READ_SYNC, a relayed TYPING, ...), which
+    DEGRADED drops (absolute values a pull repairs, 12.6; ephemeral ones are only lost). A
+    frame with a request_id answers a request (SEND_ACK, ONLINE_READY) and is never dropped."""
+    if send.request_id:
+        return ""
+    spec = spec_for_model(type(send.body))
+    stream = spec.stream if send.stream is None else send.stream
+    return spec.name if stream == Stream.REALTIME else ""
 
 
 class Transport(Protocol):
@@ -207,11 +217,12 @@ class Connection:
 
     def _dropped_notice(self, send: Send) -> bool:
         """A notice while DEGRADED is not queued (nor held for merging): only a flag is kept."""
-        if not isinstance(send.body, _NOTICES) or send.stream not in (None, Stream.REALTIME):
-            return False
         if self.session.flow_state not in (FlowState.DEGRADED, FlowState.CLOSING):
             return False
-        self._hooks.count(self, Count("degraded_drop", spec_for_model(type(send.body)).name))
+        name = _notice(send)
+        if not name:
+            return False
+        self._hooks.count(self, Count("degraded_drop", name))
         self.session.notice_dropped()  # the next PONG says mailbox_dirty
         return True
 
@@ -220,7 +231,6 @@ class Connection:
             return
         spec = spec_for_model(type(send.body))
         stream = spec.stream if send.stream is None else send.stream
-        notice = stream == Stream.REALTIME and isinstance(send.body, _NOTICES)
         pieces = encode_fragments(
             send.body,
             send.request_id,
@@ -229,7 +239,7 @@ class Connection:
             chunk_bytes=self._chunk,
             max_frame_bytes=self.session.config.limits.max_frame_bytes,
         )
-        self.outbound.push(pieces, stream, notice=spec.name if notice else "")
+        self.outbound.push(pieces, stream, notice=_notice(send))
         self._queued()
         if stream != Stream.CONTROL and self.buffered_bytes > self._hard:
             self.apply(self.session.shutdown(CloseReason.SLOW_CONSUMER, self._clock_ms()))
