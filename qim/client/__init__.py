@@ -20,7 +20,10 @@ and unit tests use :class:`MemoryNetwork` / :class:`MemoryTransport` through ``d
 The client follows one REDIRECT (presenting its route token, see :mod:`qim.client.auth`),
 raises :class:`QimError` for ERROR frames, sends PING every ``next_ping_interval_ms``
 (:class:`HeartbeatConfig`), and fails every pending request with
-:class:`ConnectionClosedError` when the connection ends.
+:class:`ConnectionClosedError` when the connection ends. :func:`retry_delay_ms` says how long
+to wait before retrying a refused or unanswered request: never earlier than the server's
+``retry_after_ms``, jittered, growing on repeated failures, None when a wait cannot help
+(:mod:`qim.client.retry`, spec 20.4.1 rule 2).
 """
 
 from qim.client.auth import encode_auth, route_token_of
