@@ -349,7 +349,7 @@ async def test_an_unanswered_pull_is_shard_moved_at_its_deadline_and_a_late_repl
     with its request_id, the link kept; the reply that comes after that answer is dropped."""
     mailbox = FakeMailbox()
     mailbox.add("erin", 10)
-    async with sync_node(mailbox, mailbox_request_timeout_ms=150) as h:
+    async with sync_node(mailbox, mailbox_request_timeout_ms=1_000) as h:
         client = await login(h, "erin")
         assert isinstance(client.bodies()[-1], AuthOk)
         mailbox.answering = False  # the MailboxNode is gone
