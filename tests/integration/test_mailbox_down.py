@@ -61,7 +61,8 @@ def requests(gw: Gateway, kind: str, result: str) -> float:
     value = gw.node.metrics.registry.get_sample_value(
         "qim_gateway_mailbox_requests_total", {"kind": kind, "result": result}
     )
-    return 0.0 if value is None else value
+    assert value is not None, f"qim_gateway_mailbox_requests_total{{{kind},{result}}} missing"
+    return value
 
 
 async def test_pulls_while_the_mailbox_node_is_down_are_answered_shard_moved_at_the_deadline(
