@@ -32,6 +32,7 @@ from qim.client import (
     QimError,
     RequestTimeout,
     login_and_sync,
+    retry_delay_ms,
 )
 from qim.schemas.frames import ErrorCode
 
@@ -130,7 +131,11 @@ class Sender:
                 outcome.codes[exc.name] += 1
                 if exc.code in FINAL_CODES:
                     break
-                delay = (exc.retry_after_ms or 1000) / 1000
+                # the server's hint, never earlier, growing with this message's failures
+                ms = retry_delay_ms(exc, min(outcome.attempts - 1, 16))
+                if ms is None:
+                    break
+                delay = ms / 1000
             except RequestTimeout:
                 outcome.codes["TIMEOUT"] += 1
             except (ConnectionClosedError, IllegalTransition, OSError):

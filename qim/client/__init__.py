@@ -20,7 +20,10 @@ and unit tests use :class:`MemoryNetwork` / :class:`MemoryTransport` through ``d
 The client follows one REDIRECT (presenting its route token, see :mod:`qim.client.auth`),
 raises :class:`QimError` for ERROR frames, sends PING every ``next_ping_interval_ms``
 (:class:`HeartbeatConfig`), and fails every pending request with
-:class:`ConnectionClosedError` when the connection ends.
+:class:`ConnectionClosedError` when the connection ends. :func:`retry_delay_ms` says how long
+to wait before retrying a refused or unanswered request: never earlier than the server's
+``retry_after_ms``, jittered, growing on repeated failures, None when a wait cannot help
+(:mod:`qim.client.retry`, spec 20.4.1 rule 2).
 """
 
 from qim.client.auth import encode_auth, route_token_of
@@ -42,6 +45,7 @@ from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import Identity, direct_conversation_id, identity_from_token
 from qim.client.login import SyncResult, catch_up, login_and_sync
+from qim.client.retry import retry_delay_ms
 from qim.client.sessions import SessionList
 from qim.client.state import TRANSITIONS, ClientEvent, ClientState, ClientStateMachine
 from qim.client.sync import DeviceCursor, MailboxSync
@@ -103,6 +107,7 @@ __all__ = [
     "open_transport",
     "parse_url",
     "resolve_hint",
+    "retry_delay_ms",
     "route_token_of",
     "tls_client_context",
 ]

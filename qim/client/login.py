@@ -44,6 +44,7 @@ import msgspec
 
 from qim.client.client import DEFAULT_CLIENT_VERSION, QimClient
 from qim.client.errors import QimError
+from qim.client.retry import retry_delay_ms
 from qim.client.sync import DeviceCursor, MailboxSync, SyncPhase, SyncProtocolError
 from qim.schemas.frames import (
     AuthOk,
@@ -139,7 +140,7 @@ async def login_and_sync(
                 cursor=state.auth_cursor(),
             )
         except QimError as exc:
-            await _refused(state, exc, last)
+            await _refused(state, exc, last, attempt - 1)
             client = client.fresh()
             continue
         except BaseException:
@@ -191,7 +192,7 @@ async def catch_up(
     return got
 
 
-async def _refused(state: MailboxSync, exc: QimError, last: bool) -> None:
+async def _refused(state: MailboxSync, exc: QimError, last: bool, retry: int = 0) -> None:
     """An ERROR instead of AUTH_OK: adopt a cursor verdict or back off; raise when final."""
     if exc.code in _CURSOR_CODES:
         state.on_error(_error_of(exc))
@@ -201,7 +202,7 @@ async def _refused(state: MailboxSync, exc: QimError, last: bool) -> None:
     state.disconnect()
     if exc.code not in _BACK_OFF_CODES or last:
         raise exc
-    await asyncio.sleep(_retry_after_s(exc))
+    await asyncio.sleep(_retry_after_s(exc, retry))
 
 
 async def _synced(
@@ -274,8 +275,8 @@ async def _drain(
                 except QimError as exc:  # a lane still catching up after a takeover
                     if exc.code != ErrorCode.SHARD_MOVED or retries >= _MAX_PULL_RETRIES:
                         raise
+                    await asyncio.sleep(_retry_after_s(exc, retries))
                     retries += 1
-                    await asyncio.sleep(_retry_after_s(exc))
                     launch([request])
                     continue
                 got += state.on_batch(request, batch, clock_ms())
@@ -294,7 +295,8 @@ def _error_of(exc: QimError) -> Error:
     return msgspec.convert(fields, Error)
 
 
-def _retry_after_s(exc: QimError) -> float:
-    raw = exc.extras.get("retry_after_ms")
-    ms = raw if isinstance(raw, int) and raw > 0 else _DEFAULT_RETRY_MS
-    return min(ms, _MAX_RETRY_MS) / 1000
+def _retry_after_s(exc: QimError, retry: int) -> float:
+    """The wait before ``retry`` (0-based) of a backed-off AUTH or pull: the server's
+    ``retry_after_ms``, never earlier, jittered and growing (:mod:`qim.client.retry`)."""
+    ms = retry_delay_ms(exc, retry)
+    return min(ms if ms is not None else _DEFAULT_RETRY_MS, _MAX_RETRY_MS) / 1000

@@ -59,6 +59,8 @@ class GatewayConfig:
     mailbox_sync: bool = False
     user_requests_topic: str = USER_REQUESTS.name
     mailbox_sync_timeout_ms: int = 5_000  # no MailboxReply by then: ERROR{SHARD_MOVED} + close
+    # a PULL_MAILBOX / PULL_SESSION_LIST with no MailboxReply by then: ERROR{SHARD_MOVED}
+    mailbox_request_timeout_ms: int = 10_000
     settings: Settings = field(default_factory=Settings.load)
     # per-tenant views (QIM_TENANT_OVERRIDES), for the per-user limits this node enforces
     tenant_settings: Mapping[str, Settings] = field(default_factory=dict)
@@ -93,6 +95,8 @@ class GatewayConfig:
             raise ValueError("conversation_partition_count must be positive")
         if self.mailbox_sync and not self.route_requests:
             raise ValueError("mailbox sync rides the request routing: it needs route_requests")
+        if self.mailbox_request_timeout_ms < 1:
+            raise ValueError("mailbox_request_timeout_ms must be positive")
         if self.mailbox_sync_timeout_ms < 1:
             raise ValueError("mailbox_sync_timeout_ms must be positive")
         if (self.session_delta_merge_window_ms or 0) < 0:

@@ -98,6 +98,13 @@ class SessionPushes:
             self.pushes.purged(ledger_bytes, items, reported=True)
             self.mailbox_dirty = self.pushes.mailbox_dirty
 
+    def notice_dropped(self) -> None:
+        """A SESSION_DELTA / BADGE_UPDATE / READ_SYNC was not queued: the connection is
+        DEGRADED (11.3.1). The next PONG says ``mailbox_dirty`` so the client pulls."""
+        if self.pushes is not None:
+            self.pushes.dropped(1)
+            self.mailbox_dirty = self.pushes.mailbox_dirty
+
     def push_idle(self, now_ms: int) -> list[Action]:
         """``idle_timeout`` passed with push frames pending and none consumed (11.3.1)."""
         pushes = self.pushes

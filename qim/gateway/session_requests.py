@@ -90,6 +90,14 @@ class SessionListRequests:
     ) -> None:
         raise NotImplementedError
 
+    def _track(
+        self, conn: Connection, request_id: int, shard: int, kind: str
+    ) -> tuple[str, str, str, int, int]:
+        raise NotImplementedError
+
+    def _untrack(self, key: tuple[str, str, str, int, int]) -> bool:
+        raise NotImplementedError
+
     def session_list(self, conn: Connection, frame: Frame) -> None:
         """Forward PULL_SESSION_LIST; SESSION_LIST_BATCH comes back as a MailboxReply."""
         grant, body = conn.session.grant, frame.body
@@ -100,14 +108,16 @@ class SessionListRequests:
             **self._origin(conn), request_id=rid, correlation_id=LIST_CORRELATION, message=body
         )
         shard = self.mailbox_shard(grant.tenant_id, grant.user_id)
+        key = self._track(conn, rid, shard, "pull_session_list")  # SHARD_MOVED when overdue
 
         def produced(exc: BaseException | None) -> None:
             if exc is None:
                 self.requests.labels(kind="pull_session_list", result="forwarded").inc()
-            else:
+            elif self._untrack(key):
                 self._pull_failed(conn, rid, shard, "kafka", "pull_session_list")
 
         if not self._forwarder.submit(UserRecord(request, shard), produced, topic=self.topic):
+            self._untrack(key)
             self._pull_failed(conn, rid, shard, "queue_full", "pull_session_list")
 
     def mark_read(self, conn: Connection, frame: Frame) -> None:

@@ -289,6 +289,15 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
         "RATE_LIMITED with the retry_after_ms of the bucket's next unpromised token "
         "(qim.core.ratelimit)",
     ),
+    # 11.3.1: DEGRADED drops the pending real-time queue; the spec names no metric for it
+    _m(
+        "DEGRADED real-time drops (11.3.1)",
+        "11.3.1",
+        "gateway",
+        ("qim_gateway_degraded_drops_total",),
+        note='frame="PUSH_EVENTS" | "SESSION_DELTA" | "BADGE_UPDATE" | "READ_SYNC": queued '
+        "frames purged at the degradation, and notices not queued while degraded",
+    ),
     # 26.8 (a broker restart): a producer the restart left unusable is replaced by itself
     # (qim/streams/producer.py); the spec names no metric. reason = the error that showed it
     _m(

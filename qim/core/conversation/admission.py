@@ -19,6 +19,13 @@ A cell's state is time debt, not a token count, so when a conversation changes t
 "the tier flips on the next message after member_count crosses a threshold") the debt carries
 over and the next message is checked and debited with the new tier's parameters.
 
+Retry hints: ``check`` says when the refusing bucket's next token comes, which is exact for one
+client but sends every sender refused in the same moment back together (one wins, the rest
+are refused again). :meth:`AdmissionBuckets.promise` therefore tells each refusal a different
+future token of that bucket (the same promise rule as the gateway's ``qim.core.ratelimit``):
+an in-memory hint map beside the cells, never part of a decision, a snapshot or a replay (the
+replies it shapes are not materialized), bounded by ``_MAX_HINT_US`` ahead.
+
 Capacities: L1b's is ``per_user_msg_rate_burst`` (40); L1a's is the rate's count (1 per 3 s);
 Appendix B gives L2 only a rate, so its capacity is one second of it (20, 5, 2; at least 1).
 
@@ -69,6 +76,7 @@ BucketKey = tuple[str, str, str, str]
 """``(layer, tenant_id, conversation_id, user_id)``; unused parts are ``""``."""
 
 _US_PER_MS: Final = 1000
+_MAX_HINT_US: Final = 30_000_000  # promises run at most 30 s ahead
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,10 +140,11 @@ def charges_for(
 class AdmissionBuckets:
     """The GCRA cells of one writer partition, in last-debit order (the eviction order)."""
 
-    __slots__ = ("_tat",)
+    __slots__ = ("_promised", "_tat")
 
     def __init__(self) -> None:
         self._tat: dict[BucketKey, int] = {}
+        self._promised: dict[BucketKey, int] = {}  # hints only (module docstring)
 
     def check(self, charges: Iterable[Charge], now_ms: int) -> int | None:
         """None if every bucket conforms at ``now_ms``; else the first one's retry_after_ms."""
@@ -145,6 +154,21 @@ class AdmissionBuckets:
             if tat is not None and t < tat - charge.cell.tolerance_us:
                 wait_us = tat - charge.cell.tolerance_us - t
                 return max(1, math.ceil(wait_us / _US_PER_MS))
+        return None
+
+    def promise(self, charges: Iterable[Charge], now_ms: int) -> int | None:
+        """Like :meth:`check`, but a refusal is promised the refusing bucket's next token that
+        no earlier refusal was promised, and its retry_after_ms says when that token comes."""
+        t = now_ms * _US_PER_MS
+        for charge in charges:
+            tat = self._tat.get(charge.key)
+            tolerance = charge.cell.tolerance_us
+            if tat is None or t >= tat - tolerance:
+                continue
+            base = max(tat, self._promised.pop(charge.key, tat))
+            conform_at = min(base - tolerance, max(t + _MAX_HINT_US, tat - tolerance))
+            self._promised[charge.key] = conform_at + tolerance + charge.cell.interval_us
+            return max(1, math.ceil((conform_at - t) / _US_PER_MS))
         return None
 
     def debit(self, charges: Iterable[Charge], at_ms: int) -> None:
@@ -158,6 +182,8 @@ class AdmissionBuckets:
     def evict(self, now_ms: int) -> int:
         """Drop full buckets from the oldest debit on; stop at the first one still draining."""
         t = now_ms * _US_PER_MS
+        while self._promised and next(iter(self._promised.values())) <= t:
+            del self._promised[next(iter(self._promised))]
         dropped = 0
         while self._tat:
             key = next(iter(self._tat))

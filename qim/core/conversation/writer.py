@@ -161,7 +161,8 @@ class ConversationWriterState:
         *,
         retention_class: RetentionClass = "default",
     ) -> Decision:
-        """Decide one SEND_MESSAGE without changing any state (see module docstring)."""
+        """Decide one SEND_MESSAGE without changing any state but the retry-hint map (see module
+        docstring; :meth:`AdmissionBuckets.promise`)."""
         msg = request.message
         tenant, sender, conversation_id = request.tenant_id, request.sender_id, msg.conversation_id
         target = resolve_target(request, membership)
@@ -182,7 +183,7 @@ class ConversationWriterState:
         self._check_not_fenced(head)
         charges = charges_for(limits, tenant, conversation_id, target.member_count, sender)
         log_now_ms = max(now_ms, hlc_ms_to_unix_ms(self.last_hlc_ms))
-        retry_after_ms = self._buckets.check(charges, log_now_ms)
+        retry_after_ms = self._buckets.promise(charges, log_now_ms)
         if retry_after_ms is not None:
             reply = error_reply(request, ErrorCode.RATE_LIMITED, retry_after_ms)
             return Rejected(reply, "rate_limited")
@@ -251,7 +252,7 @@ class ConversationWriterState:
             activity = U128_ZERO if event is None else event.last_activity_id
             return Duplicate(amend_ack(request, message_id, done, activity))
         charges = charges_for(limits, tenant, conversation_id, target.member_count, request.user_id)
-        retry_after_ms = self._buckets.check(charges, log_now_ms)
+        retry_after_ms = self._buckets.promise(charges, log_now_ms)
         if retry_after_ms is not None:
             reply = amend_error(request, ErrorCode.RATE_LIMITED, retry_after_ms)
             return Rejected(reply, "rate_limited")

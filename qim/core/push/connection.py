@@ -158,6 +158,12 @@ class ConnectionPush:
         if items and not reported:
             self._drop(items)
 
+    def dropped(self, items: int) -> None:
+        """Real-time frames that are not pushes (SESSION_DELTA, BADGE_UPDATE, READ_SYNC) were
+        dropped while DEGRADED: the next PONG says dirty, as for a dropped push."""
+        if items:
+            self._drop(items)
+
     def idle_timeout(self) -> list[PushAction]:
         return self._act(self.flow.idle_timeout(), CLOSE_IDLE)
 

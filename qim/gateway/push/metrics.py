@@ -110,6 +110,12 @@ class PushMetrics:
         self.drops = Counter(
             "push_drop_by_priority", "frames dropped by the node budget", ["class"], registry=r
         )
+        self.degraded_drops = Counter(
+            "qim_gateway_degraded_drops",
+            "real-time frames a DEGRADED connection dropped (11.3.1): PUSH_EVENTS, the queued "
+            "notices, or a SESSION_DELTA / BADGE_UPDATE / READ_SYNC while degraded",
+            ["frame"], registry=r,
+        )  # fmt: skip
         self.cursor_advanced = Counter(
             "cursor_advanced_by_push", "acked_seq beyond the served prefix (always 0)",
             registry=r,
@@ -156,6 +162,8 @@ class PushMetrics:
             self.slow_closed.labels(reason=label or "unknown").inc()
         elif name == "flow":
             self.flow.labels(state=label).inc()
+        elif name == "degraded_drop":
+            self.degraded_drops.labels(frame=label).inc()
         elif name == "push_drop":
             self.drops.labels(label).inc()
         elif name == "budget_step":

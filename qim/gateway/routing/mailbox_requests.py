@@ -18,6 +18,14 @@ ConnectionShard, read by the router's reader (read_committed, like the writer's 
   ``after_seq`` rides in the correlation id, so the node keeps no per-pull state: nothing grows
   with pulls in flight and a reply needs no lookup.
 * SYNC_COMPLETE is answered by the session itself (``sync_barrier``).
+* Every request with a reply (PULL_MAILBOX, PULL_SESSION_LIST) has a deadline,
+  ``mailbox_request_timeout_ms`` after it was handed to the forwarder: no MailboxReply by then
+  (the MailboxNode is down, or its shard is being taken over) and it is answered
+  ERROR{SHARD_MOVED, retry_after_ms} -- the same answer as a request Kafka would not take,
+  never silence (issue 15.3). A reply that comes after that answer is dropped (counted
+  ``late``): the client already has an answer for that ``request_id`` and retries the pull.
+  MARK_READ and CONVERSATION_STATE have no reply, so no deadline: the log holds them once
+  produced, and the MailboxNode applies them when it is back.
 
 Correlation ids: ``auth:<node>:<boot>:<n>`` (a waiting login) and ``pull:<after_seq>``.
 """
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import count
@@ -61,6 +70,8 @@ __all__ = ["MailboxRequests", "pull_after_seq", "pull_correlation"]
 _PULL: Final = "pull:"
 _AUTH: Final = "auth:"
 _Identity = tuple[str, str, str, int]  # tenant, user, device, session_epoch
+_RequestKey = tuple[str, str, str, int, int]  # ... and request_id
+_MAX_EXPIRED: Final = 10_000  # answered-by-deadline requests remembered to drop late replies
 
 
 def pull_correlation(after_seq: int) -> str:
@@ -96,6 +107,7 @@ class MailboxRequests(SessionListRequests):
         mailbox_shard_count: int,
         node_id: str,
         timeout_ms: int = 5_000,
+        request_timeout_ms: int = 10_000,
         retry_after_ms: int = 1_000,
         clock_ms: Callable[[], int],
     ) -> None:
@@ -106,6 +118,9 @@ class MailboxRequests(SessionListRequests):
         self._buckets = virtual_bucket_count
         self._shards = mailbox_shard_count
         self._timeout_s = timeout_ms / 1000
+        self._request_timeout_s = request_timeout_ms / 1000
+        self._deadlines: dict[_RequestKey, asyncio.TimerHandle] = {}
+        self._expired: OrderedDict[_RequestKey, None] = OrderedDict()
         self._retry_after_ms = retry_after_ms
         self._clock_ms = clock_ms
         self._prefix = f"{_AUTH}{node_id}:{secrets.token_hex(4)}:"
@@ -208,15 +223,65 @@ class MailboxRequests(SessionListRequests):
             message=body,
         )
         shard = self.mailbox_shard(grant.tenant_id, grant.user_id)
+        key = self._track(conn, rid, shard, "pull_mailbox")
 
         def produced(exc: BaseException | None) -> None:
             if exc is None:
                 self.requests.labels(kind="pull_mailbox", result="forwarded").inc()
-            else:
+            elif self._untrack(key):
                 self._pull_failed(conn, rid, shard, "kafka")
 
         if not self._forwarder.submit(UserRecord(request, shard), produced, topic=self.topic):
+            self._untrack(key)
             self._pull_failed(conn, rid, shard, "queue_full")
+
+    # -- deadlines ----------------------------------------------------------------------------
+
+    @property
+    def awaiting(self) -> int:
+        """Requests with a reply that is still due (each has its deadline timer)."""
+        return len(self._deadlines)
+
+    def _track(self, conn: Connection, request_id: int, shard: int, kind: str) -> _RequestKey:
+        """Start the request's deadline: SHARD_MOVED when no reply came in time."""
+        grant = conn.session.grant
+        assert grant is not None
+        key = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch, request_id)
+        old = self._deadlines.pop(key, None)
+        if old is not None:  # the same request id again: the newer request's deadline counts
+            old.cancel()
+        self._deadlines[key] = asyncio.get_running_loop().call_later(
+            self._request_timeout_s, self._expire, key, conn, shard, kind
+        )
+        return key
+
+    def _untrack(self, key: _RequestKey) -> bool:
+        """Stop the deadline; False when it already passed (the client has its answer)."""
+        handle = self._deadlines.pop(key, None)
+        if handle is None:
+            return False
+        handle.cancel()
+        return True
+
+    def _expire(self, key: _RequestKey, conn: Connection, shard: int, kind: str) -> None:
+        if self._deadlines.pop(key, None) is None:
+            return
+        self._expired[key] = None
+        while len(self._expired) > _MAX_EXPIRED:
+            self._expired.popitem(last=False)
+        self._pull_failed(conn, key[-1], shard, "timeout", kind)
+
+    def _answered(self, reply: MailboxReply) -> bool:
+        """A reply to a request with a deadline: False when the deadline already answered it."""
+        key = (
+            reply.tenant_id, reply.user_id, reply.device_id, reply.session_epoch, reply.request_id
+        )  # fmt: skip
+        if self._untrack(key):
+            return True
+        if key in self._expired:
+            del self._expired[key]
+            return False
+        return True  # not ours to judge (sent before this node started): deliver it
 
     def _pull_failed(
         self,
@@ -249,6 +314,9 @@ class MailboxRequests(SessionListRequests):
         identity = (reply.tenant_id, reply.user_id, reply.device_id, reply.session_epoch)
         if reply.correlation_id.startswith(_AUTH):
             return self._auth_reply(reply, identity)
+        if not self._answered(reply):
+            self.requests.labels(kind="reply", result="late").inc()
+            return ReplyVerdict.NO_SESSION
         slot = self._registry.current(reply.tenant_id, reply.user_id, reply.device_id)
         if slot is None:
             return ReplyVerdict.NO_SESSION

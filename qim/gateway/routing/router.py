@@ -26,6 +26,12 @@ also carries -- an outage should page too. Most broker blips never reach the cli
 forwarder queues while Kafka is away, and a producer a restart left unusable is replaced and
 its records sent again (``forwarder``).
 
+``per_user_history_pull_rate`` (20.4.1, B.5) is kept here, before the request is produced: a
+user's devices all reach this node (the owner of the user's ConnectionShard), so one bucket
+per ``(tenant, user)`` is exact. Over it PULL_HISTORY is answered ``ERROR{RATE_LIMITED,
+retry_after_ms}`` at once, the hint being the token the bucket promised to that refusal
+(:mod:`qim.core.ratelimit`), and ``qim_gateway_rate_limited_total{tenant,dimension}`` counts it.
+
 With ``mailbox_sync`` the same forwarder and reader also carry login sync
 (:class:`~qim.gateway.routing.mailbox_requests.MailboxRequests`): PULL_MAILBOX goes to
 ``qim.user-requests`` at the user's MailboxShard, and ``kind="mailbox_reply"`` records of the
@@ -47,11 +53,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Final, Protocol, runtime_checkable
 
 import msgspec
 from prometheus_client import CollectorRegistry
 
+from qim.core.ratelimit import KeyedBuckets
 from qim.gateway.actions import Send
 from qim.gateway.devices import DeviceRegistry
 from qim.gateway.logins import jittered
@@ -65,9 +72,10 @@ from qim.gateway.routing.replies import ReplyVerdict, reply_send, resolve_reply
 from qim.gateway.routing.rules import Routed, not_offered, request_kind, route_frame
 from qim.gateway.routing.send_rate import UserMsgRate
 from qim.observability.logging import trace
+from qim.params.values import Rate
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, SendMessage, for_code
 from qim.schemas.frames.control import ConversationState, MarkRead
-from qim.schemas.frames.history import PullSessionList
+from qim.schemas.frames.history import PullHistory, PullSessionList
 from qim.schemas.records.push import (
     PresenceStale,
     PushBatch,
@@ -84,6 +92,7 @@ __all__ = ["ConversationRouter", "ReplySource", "build_router"]
 
 log = logging.getLogger(__name__)
 
+_HISTORY_PULL_RATE: Final = Rate(count=5, period_ms=1000)  # B.5 per_user_history_pull_rate
 _PendingKey = tuple[str, str, str, int, int]  # tenant, user, device, session_epoch, request_id
 
 
@@ -158,6 +167,7 @@ class ConversationRouter:
         retry_after_ms: int = 2000,
         pending_ttl_ms: int = 60_000,
         max_pending: int = 100_000,
+        history_pull_rate: Rate = _HISTORY_PULL_RATE,
     ) -> None:
         self.forwarder = forwarder
         self._registry = registry
@@ -167,6 +177,11 @@ class ConversationRouter:
         self._pending_ttl_ms = pending_ttl_ms
         self._max_pending = max_pending
         self._pending: dict[_PendingKey, _Pending] = {}
+        # per_user_history_pull_rate (20.4.1: "in front of MessageStore"): every device of a
+        # user reaches this node (its ConnectionShard's owner), so the bucket is exact per user
+        self.history_pulls: KeyedBuckets[tuple[str, str]] = KeyedBuckets(
+            history_pull_rate.per_second, history_pull_rate.count
+        )
         self._pump: asyncio.Task[None] | None = None
         self.mailbox: MailboxRequests | None = None  # login sync, when the node has it on
         self.send_rate: UserMsgRate | None = None  # per_user_msg_rate (send_rate.py)
@@ -215,6 +230,8 @@ class ConversationRouter:
             return
         if isinstance(frame.body, SendMessage) and not self._admit_send(conn, frame):
             return
+        if isinstance(frame.body, PullHistory) and not self._admit_history(conn, frame):
+            return
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(
             frame, grant, connection_shard=shard, partition_count=self.forwarder.partition_count
@@ -254,6 +271,28 @@ class ConversationRouter:
             code=int(ErrorCode.RATE_LIMITED),
             retry_after_ms=verdict.retry_after_ms,
             detail="per_user_msg_rate",
+            request_id=rid,
+        )
+        conn.apply([Send(error, request_id=rid, version=conn.session.version)])
+        return False
+
+    def _admit_history(self, conn: Connection, frame: Frame) -> bool:
+        """Take a ``per_user_history_pull_rate`` token, or answer RATE_LIMITED with the time
+        a retry can succeed (the bucket's promise, :mod:`qim.core.ratelimit`; not jittered
+        here: an earlier retry would be refused again, the client adds its own jitter)."""
+        grant = conn.session.grant
+        assert grant is not None
+        verdict = self.history_pulls.take((grant.tenant_id, grant.user_id), self._clock_ms())
+        if verdict.retry_after_ms is None:
+            return True
+        self.metrics.rate_limited.labels(
+            tenant=grant.tenant_id, dimension="per_user_history_pull_rate"
+        ).inc()
+        rid = frame.header.request_id
+        error = Error(
+            code=int(ErrorCode.RATE_LIMITED),
+            retry_after_ms=verdict.retry_after_ms,
+            detail="per_user_history_pull_rate",
             request_id=rid,
         )
         conn.apply([Send(error, request_id=rid, version=conn.session.version)])
@@ -435,6 +474,7 @@ def build_router(
         metrics_registry,
         clock_ms=clock_ms,
         retry_after_ms=int(settings.region_failover_retry_after_ms),
+        history_pull_rate=settings.per_user_history_pull_rate,
     )
     router.send_rate = UserMsgRate(settings, config.tenant_settings)
     if config.mailbox_sync:
@@ -448,6 +488,7 @@ def build_router(
             mailbox_shard_count=int(settings.mailbox_shard_count),
             node_id=config.node_id,
             timeout_ms=config.mailbox_sync_timeout_ms,
+            request_timeout_ms=config.mailbox_request_timeout_ms,
             retry_after_ms=int(settings.reconnect_backoff.initial_ms),
             clock_ms=clock_ms,
         )

@@ -18,6 +18,14 @@ the purge never touches it (I-25). Each change of the buffered octets is reporte
 node's :class:`~qim.gateway.transport.budget.NodeSendBudget` (11.3.3). With a ``merge`` (the node's
 ``session_delta_merge_window``, 12.6.3) SESSION_DELTA / BADGE_UPDATE sends are held there and
 come back through :meth:`Connection.deliver_merged`; a close discards them.
+
+DEGRADED drops the *whole* pending real-time queue (11.3.1): the queued PUSH_EVENTS and the
+queued notices (every server-initiated stream-1 frame: SESSION_DELTA, BADGE_UPDATE, READ_SYNC
+are absolute values that the mailbox and the session list repair, 12.6; a relayed TYPING is
+ephemeral), also those still in the merge window; while DEGRADED no new
+notice is queued either (a drop after the degradation's ERROR{MAILBOX_DIRTY} sets the PONG's
+``mailbox_dirty``). Replies on stream 1 (SEND_ACK, ONLINE_READY) are never dropped;
+``qim_gateway_degraded_drops_total{frame}`` counts the drops.
 """
 
 from __future__ import annotations
@@ -51,6 +59,18 @@ __all__ = ["Connection", "ConnectionHooks", "Transport"]
 
 log = logging.getLogger(__name__)
 DEFAULT_DRAIN_POLL_MS = 50
+
+
+def _notice(send: Send) -> str:
+    """The frame name when ``send`` is a notice, else "": a server-initiated stream-1 frame
+    (request_id 0: SESSION_DELTA, BADGE_UPDATE, READ_SYNC, a relayed TYPING, ...), which
+    DEGRADED drops (absolute values a pull repairs, 12.6; ephemeral ones are only lost). A
+    frame with a request_id answers a request (SEND_ACK, ONLINE_READY) and is never dropped."""
+    if send.request_id:
+        return ""
+    spec = spec_for_model(type(send.body))
+    stream = spec.stream if send.stream is None else send.stream
+    return spec.name if stream == Stream.REALTIME else ""
 
 
 class Transport(Protocol):
@@ -168,6 +188,8 @@ class Connection:
             if isinstance(action, SendPush):
                 self._enqueue_push(action)
             elif isinstance(action, Send):
+                if self._dropped_notice(action):
+                    continue
                 if self._merge is not None and isinstance(action.body, SessionDelta | BadgeUpdate):
                     if not self._closing:
                         self._merge.hold(self, action.body)
@@ -193,8 +215,22 @@ class Connection:
             self._enqueue(Send(body, version=self.session.version))
         self._check_flow()
 
+    def _dropped_notice(self, send: Send) -> bool:
+        """A notice while DEGRADED is not queued (nor held for merging): only a flag is kept."""
+        if self.session.flow_state not in (FlowState.DEGRADED, FlowState.CLOSING):
+            return False
+        name = _notice(send)
+        if not name:
+            return False
+        self._hooks.count(self, Count("degraded_drop", name))
+        self.session.notice_dropped()  # the next PONG says mailbox_dirty
+        return True
+
     def _enqueue(self, send: Send) -> None:
-        stream = spec_for_model(type(send.body)).stream if send.stream is None else send.stream
+        if self._dropped_notice(send):
+            return
+        spec = spec_for_model(type(send.body))
+        stream = spec.stream if send.stream is None else send.stream
         pieces = encode_fragments(
             send.body,
             send.request_id,
@@ -203,7 +239,7 @@ class Connection:
             chunk_bytes=self._chunk,
             max_frame_bytes=self.session.config.limits.max_frame_bytes,
         )
-        self.outbound.push(pieces, stream)
+        self.outbound.push(pieces, stream, notice=_notice(send))
         self._queued()
         if stream != Stream.CONTROL and self.buffered_bytes > self._hard:
             self.apply(self.session.shutdown(CloseReason.SLOW_CONSUMER, self._clock_ms()))
@@ -251,7 +287,17 @@ class Connection:
         if state is FlowState.DEGRADED:  # drop the pending real-time queue, keep a flag
             tags = self.outbound.purge_pushes()
             self.session.push_purged(sum(t.ledger_bytes for t in tags), len(tags))
+            for _ in tags:
+                self._hooks.count(self, Count("degraded_drop", "PUSH_EVENTS"))
+            self._purge_notices()
             self._report_load()
+
+    def _purge_notices(self) -> None:
+        """The queued notices go with the pushes; the degradation's MAILBOX_DIRTY covers them."""
+        for name in self.outbound.purge_notices():
+            self._hooks.count(self, Count("degraded_drop", name))
+        if self._merge is not None:
+            self._merge.discard(self)
 
     def _measure(self) -> None:
         """Read the transport's buffer: drain the frames that left, or detect a stall."""
@@ -296,6 +342,7 @@ class Connection:
         if self.session.flow_state is FlowState.NORMAL:
             self._hooks.count(self, Count("flow", FlowState.DEGRADED.value))
         self._flow_seen = FlowState.DEGRADED  # already purged: no second purge
+        self._purge_notices()
         self.apply(self.session.push_over_budget(ledger, len(tags), self._clock_ms()))
         self._report_load()
 

@@ -19,8 +19,12 @@ client's probe and starts a reconnect loop (§15.4.2). So:
 PUSH_EVENTS frames carry a :class:`PushTag` (their ledger charge and priority class, 11.3):
 the writer reports a tag when the frame's last piece has left the socket, and
 :meth:`OutboundQueue.purge_pushes` drops the tagged frames not yet started -- the "pending
-real-time queue" that DEGRADED and the node budget drop (11.3.1, 11.3.3, C11). A frame whose
-first piece is already written is never cut: the receiver would be left with half a frame.
+real-time queue" that DEGRADED and the node budget drop (11.3.1, 11.3.3, C11). The other
+server-initiated real-time frames (SESSION_DELTA, BADGE_UPDATE, READ_SYNC: absolute values a
+pull repairs, 12.6) are queued as *notices* and :meth:`OutboundQueue.purge_notices` drops the
+ones not yet started, so DEGRADED drops the whole pending real-time queue and keeps the
+replies (SEND_ACK, ONLINE_READY). A frame whose first piece is already written is never cut:
+the receiver would be left with half a frame.
 
 Pure: no asyncio. The connection's writer task pops and writes.
 """
@@ -53,7 +57,7 @@ class PushTag:
     priority: FramePriority
 
 
-_Item: TypeAlias = tuple[bytes, PushTag | None, bool]  # piece, its frame's tag, last piece
+_Item: TypeAlias = tuple[bytes, PushTag | None, bool, str]  # piece, tag, last, notice name
 Written: TypeAlias = tuple[bytes, PushTag | None]
 """A piece to write and, on the last piece of a push frame, that frame's tag."""
 
@@ -71,6 +75,12 @@ class OutboundQueue:
         self._bytes = 0
         self._pieces = 0
         self._push_frames = 0
+        self._notices = 0
+
+    @property
+    def queued_notices(self) -> int:
+        """Notice frames (SESSION_DELTA, ...) whose last piece is not written yet."""
+        return self._notices
 
     @property
     def queued_pushes(self) -> int:
@@ -85,15 +95,26 @@ class OutboundQueue:
     def __len__(self) -> int:
         return self._pieces
 
-    def push(self, pieces: Sequence[bytes], stream: int, tag: PushTag | None = None) -> None:
-        """Queue the pieces of one frame on ``stream``, in order; ``tag`` marks a push frame."""
+    def push(
+        self,
+        pieces: Sequence[bytes],
+        stream: int,
+        tag: PushTag | None = None,
+        *,
+        notice: str = "",
+    ) -> None:
+        """Queue the pieces of one frame on ``stream``, in order; ``tag`` marks a push frame,
+        ``notice`` (the frame's name) a real-time frame that :meth:`purge_notices` may drop."""
         queue = self._queues.get(stream)
         if queue is None:
             queue = self._queues[stream] = deque()
         last = len(pieces) - 1
-        queue.extend((piece, tag, i == last) for i, piece in enumerate(pieces))
+        notice = notice if tag is None else ""
+        queue.extend((piece, tag, i == last, notice) for i, piece in enumerate(pieces))
         if tag is not None:
             self._push_frames += 1
+        if notice:
+            self._notices += 1
         self._bytes += sum(len(p) for p in pieces)
         self._pieces += len(pieces)
 
@@ -133,7 +154,7 @@ class OutboundQueue:
         gone = {id(tag) for tag in dropped}
         for queue in self._queues.values():
             kept = [item for item in queue if item[1] is None or id(item[1]) not in gone]
-            for piece, tag, _ in queue:
+            for piece, tag, _, _ in queue:
                 if tag is not None and id(tag) in gone:
                     self._bytes -= len(piece)
                     self._pieces -= 1
@@ -155,20 +176,47 @@ class OutboundQueue:
         keep = 0
         if self._open.get(stream):
             keep = next((i + 1 for i, item in enumerate(items) if item[2]), len(items))
-        for piece, tag, last in items[keep:]:
+        for piece, tag, last, notice in items[keep:]:
             self._bytes -= len(piece)
             self._pieces -= 1
             if tag is not None and last:
                 self._push_frames -= 1
+            if notice and last:
+                self._notices -= 1
         queue.clear()
         queue.extend(items[:keep])
+
+    def purge_notices(self) -> list[str]:
+        """Drop every notice frame not started yet (all streams); the names of those dropped."""
+        dropped: list[str] = []
+        for stream, queue in self._queues.items():
+            if not queue:
+                continue
+            items = list(queue)
+            keep = 0
+            if self._open.get(stream):  # the frame partly written completes
+                keep = next((i + 1 for i, item in enumerate(items) if item[2]), len(items))
+            kept = items[:keep]
+            for item in items[keep:]:
+                piece, _, last, notice = item
+                if not notice:
+                    kept.append(item)
+                    continue
+                self._bytes -= len(piece)
+                self._pieces -= 1
+                if last:
+                    dropped.append(notice)
+            queue.clear()
+            queue.extend(kept)
+        self._notices -= len(dropped)
+        return dropped
 
     def clear(self) -> None:
         """Drop everything queued (connection gone)."""
         for queue in self._queues.values():
             queue.clear()
         self._started.clear()
-        self._bytes = self._pieces = self._push_frames = 0
+        self._bytes = self._pieces = self._push_frames = self._notices = 0
 
     # -- internals ------------------------------------------------------------------------------
 
@@ -176,7 +224,7 @@ class OutboundQueue:
         seen: dict[int, PushTag] = {}
         for stream, queue in self._queues.items():
             started = self._started.get(stream)
-            for _, tag, _ in queue:
+            for _, tag, _, _ in queue:
                 if tag is not None and tag is not started and which(tag):
                     seen.setdefault(id(tag), tag)
         return list(seen.values())
@@ -197,7 +245,7 @@ class OutboundQueue:
 
     def _take(self, stream: int, queue: deque[_Item]) -> _Item:
         item = queue.popleft()
-        piece, tag, last = item
+        piece, tag, last, notice = item
         self._open[stream] = not last
         if tag is not None:
             if last:
@@ -205,9 +253,11 @@ class OutboundQueue:
                 self._push_frames -= 1
             else:
                 self._started[stream] = tag
+        if notice and last:
+            self._notices -= 1
         self._bytes -= len(piece)
         self._pieces -= 1
-        return (piece, tag if last else None, last)
+        return (piece, tag if last else None, last, notice)
 
     def _next_stream(self) -> int | None:
         active = sorted(s for s, q in self._queues.items() if q and s != Stream.CONTROL)

@@ -14,11 +14,20 @@ from typing import Final
 
 __all__ = [
     "ERROR_CODES",
+    "RETRY_AFTER_NEVER_MS",
     "ClientAction",
     "ErrorCode",
     "ErrorCodeSpec",
     "for_code",
 ]
+
+
+RETRY_AFTER_NEVER_MS: Final = 0xFFFF_FFFF
+"""``retry_after_ms`` of a refusal no wait can fix (a request over a size limit, such as more
+than ``presence_sub_max_targets`` targets): 20.4.1 rule 2 wants a ``retry_after_ms`` on every
+RATE_LIMITED and A.6 has no "too many" code, so the hint is the largest u32 (~49.7 days),
+which means "do not retry this request" (the SDK's :func:`qim.client.retry_delay_ms` returns
+None for it). No schema change: the field already exists and old clients just wait."""
 
 
 class ErrorCode(IntEnum):

@@ -32,7 +32,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 from qim.schemas.frames.connection import Error
-from qim.schemas.frames.errors import ErrorCode
+from qim.schemas.frames.errors import RETRY_AFTER_NEVER_MS, ErrorCode
 
 __all__ = [
     "BadHeaderCrc",
@@ -81,7 +81,12 @@ class ProtocolError(Exception):
         code = self.code
         if code is None:
             return None
-        return Error(code=int(code), detail=self.detail, request_id=self.request_id)
+        # a refusal by size answered RATE_LIMITED (PRESENCE_SUB over presence_sub_max_targets)
+        # carries the "do not retry" hint: waiting never makes the same request fit
+        retry = RETRY_AFTER_NEVER_MS if code is ErrorCode.RATE_LIMITED else None
+        return Error(
+            code=int(code), retry_after_ms=retry, detail=self.detail, request_id=self.request_id
+        )
 
 
 class HeaderError(ProtocolError):

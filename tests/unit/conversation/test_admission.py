@@ -108,7 +108,9 @@ def test_8_2_rejected_request_consumes_no_token_of_any_layer() -> None:
         commit(state, send_request(f"u{i}", team, "c"), NOW, groups)
     before = state.snapshot()
     for i in range(50):  # alice's L1b would run dry if L2 rejections took her tokens
-        assert _retry(state.handle_send(send_request("alice", team, f"x{i}"), NOW, groups)) == 50
+        # each refusal is promised the next unpromised token of L2 (a hint, not a token)
+        retry = _retry(state.handle_send(send_request("alice", team, f"x{i}"), NOW, groups))
+        assert retry == 50 * (i + 1)
     assert state.snapshot() == before
     for i in range(40):
         peer = f"p{i % 3}"
@@ -150,3 +152,22 @@ def test_8_2_direct_conversation_counts_two_members_for_l2() -> None:
     head = state.head("acme", conv)
     assert head is not None and head.member_count == 2
     assert group_id_for("x") == "g:x"
+
+
+def test_refusals_in_one_moment_are_promised_successive_tokens_and_each_retry_succeeds() -> None:
+    """Retry hints that reflect when a retry can succeed (issue 15.3): 10 senders refused at
+    once by a conversation's 20/s bucket are told 50, 100, ... 500 ms, and every one that
+    comes back at its time is admitted; the promises never change a decision."""
+    buckets = AdmissionBuckets()
+    charge = (Charge(("conversation", "t", "g:team", ""), Cell.of(20, 20)),)
+    for _ in range(20):
+        assert buckets.promise(charge, NOW) is None
+        buckets.debit(charge, NOW)
+    hints = [buckets.promise(charge, NOW) for _ in range(10)]
+    assert hints == [50 * k for k in range(1, 11)]
+    assert buckets.check(charge, NOW) == 50  # check still reads the bucket only
+    for hint in hints:
+        assert hint is not None
+        assert buckets.promise(charge, NOW + hint) is None
+        buckets.debit(charge, NOW + hint)
+    assert buckets.promise(charge, NOW + 500) == 50  # the promises are spent

@@ -14,6 +14,7 @@ from qim.schemas.frames import (
     encode_frame,
     for_code,
 )
+from qim.schemas.frames.errors import RETRY_AFTER_NEVER_MS
 from tests.unit.frames.support import body_of
 
 A6_ORDER = [
@@ -86,4 +87,11 @@ def test_protocol_errors_carry_the_code_to_answer_with() -> None:
     assert MalformedBody("x").code is ErrorCode.UPGRADE_REQUIRED and MalformedBody.close
     limited = LimitExceeded("x", request_id=3, code=ErrorCode.RATE_LIMITED)
     assert not limited.close
-    assert limited.to_error_frame() == Error(code=ErrorCode.RATE_LIMITED, detail="x", request_id=3)
+    # a size refusal answered RATE_LIMITED says "do not retry" (20.4.1 rule 2, issue 15.3)
+    assert limited.to_error_frame() == Error(
+        code=ErrorCode.RATE_LIMITED,
+        retry_after_ms=RETRY_AFTER_NEVER_MS,
+        detail="x",
+        request_id=3,
+    )
+    assert RETRY_AFTER_NEVER_MS == 2**32 - 1  # the largest u32 the field can carry

@@ -12,8 +12,9 @@ from __future__ import annotations
 import asyncio
 
 from qim.core.push import FlowState
-from qim.gateway.actions import CloseReason
-from qim.schemas.frames import Error, ErrorCode, Ping, Pong, PushEvents
+from qim.gateway.actions import CloseReason, Send
+from qim.schemas.frames import Error, ErrorCode, Ping, Pong, PushEvents, SendAck
+from qim.schemas.frames.history import BadgeUpdate, SessionDelta
 from tests.gateway_support import wait_until
 from tests.unit.gateway.flow_support import LIMITS, Live, live_connection, push
 from tests.unit.gateway.session_support import wire
@@ -150,3 +151,47 @@ async def test_a_reading_client_is_never_closed_for_idleness_of_the_socket() -> 
         offer(live, 2)
         await settle()
         assert not live.conn.closing
+
+
+async def test_degradation_drops_queued_session_frames_too_but_never_a_reply() -> None:
+    """11.3.1: "drop the pending real-time queue" is every notice on stream 1, not only the
+    PUSH_EVENTS; a SEND_ACK on the same stream is a reply and still goes out."""
+    async with live_connection(high=4_000) as live:  # a small buffer: the backlog is ours
+        seq = 0
+        while state(live) is FlowState.NORMAL:
+            seq += 1
+            offer(live, seq)
+            live.conn.apply(
+                [
+                    Send(SessionDelta(conversation_id=f"c{seq}", driving_mailbox_seq=seq)),
+                    Send(BadgeUpdate(total_unread=seq)),
+                    Send(SendAck(client_message_id=f"m{seq}"), request_id=seq),
+                ]
+            )
+            await asyncio.sleep(0)
+            assert seq < 100
+        assert live.conn.outbound.queued_notices == 0  # purged with the pushes
+        purged = [label for name, label in live.hooks.counts if name == "degraded_drop"]
+        assert "SESSION_DELTA" in purged and "BADGE_UPDATE" in purged
+        # while DEGRADED a new notice is not even queued
+        live.conn.apply([Send(SessionDelta(conversation_id="late"))])
+        assert live.conn.outbound.queued_notices == 0
+        live.conn.feed_message(wire(Ping(ping_id=9, client_time=1), 4))
+
+        def read_pong() -> bool:
+            live.transport.consume()
+            return any(isinstance(b, Pong) for b in live.transport.bodies())
+
+        def read_acks() -> bool:
+            live.transport.consume()
+            return len([b for b in live.transport.bodies() if isinstance(b, SendAck)]) == seq
+
+        await wait_until(read_pong)
+        await wait_until(read_acks)
+        bodies = live.transport.bodies()
+        (pong,) = [b for b in bodies if isinstance(b, Pong)]
+        assert pong.mailbox_dirty  # the client pulls its mailbox and session list
+        deltas = [b.conversation_id for b in bodies if isinstance(b, SessionDelta)]
+        assert "late" not in deltas and len(deltas) < seq  # stale queued ones never left
+        acks = [b.client_message_id for b in bodies if isinstance(b, SendAck)]
+        assert acks == [f"m{i}" for i in range(1, seq + 1)]  # every reply, in order

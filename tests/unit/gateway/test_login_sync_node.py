@@ -342,3 +342,31 @@ async def test_an_ack_past_the_served_prefix_counts_cursor_advanced_by_push() ->
         await client.expect(MailboxBatch)  # now within the served prefix: not counted again
         assert registry.get_sample_value("cursor_advanced_by_push_total") == 1
         await client.close()
+
+
+async def test_an_unanswered_pull_is_shard_moved_at_its_deadline_and_a_late_reply_dropped() -> None:
+    """Issue 15.3: a PULL_MAILBOX the MailboxNode never answers is answered at the deadline,
+    with its request_id, the link kept; the reply that comes after that answer is dropped."""
+    mailbox = FakeMailbox()
+    mailbox.add("erin", 10)
+    async with sync_node(mailbox, mailbox_request_timeout_ms=1_000) as h:
+        client = await login(h, "erin")
+        assert isinstance(client.bodies()[-1], AuthOk)
+        mailbox.answering = False  # the MailboxNode is gone
+        await client.send(PullMailbox(after_seq=0), request_id=21)
+        moved = await client.expect(Error)
+        assert moved.code == int(ErrorCode.SHARD_MOVED) and moved.request_id == 21
+        assert moved.retry_after_ms and "unreachable (timeout)" in moved.detail
+        assert h.router.mailbox is not None and h.router.mailbox.awaiting == 0
+        assert h.sample("qim_gateway_mailbox_requests_total", kind="pull_mailbox",
+                        result="timeout") == 1  # fmt: skip
+        # the MailboxNode comes back and answers the old request: the client has its answer
+        (late,) = [r for _, r in h.producer.user_requests() if isinstance(r, PullMailboxRequest)]
+        h.router.deliver(encode_user_record(mailbox.answer(shard("erin"), late)))
+        assert h.sample("qim_gateway_mailbox_requests_total", kind="reply", result="late") == 1
+        mailbox.answering = True
+        await client.send(PullMailbox(after_seq=0), request_id=22)
+        batch = await client.expect(MailboxBatch)  # the retry is served, and only it
+        assert client.frames[-1].header.request_id == 22 and batch.entries
+        assert len([b for b in client.bodies() if isinstance(b, MailboxBatch)]) == 1
+        await client.close()
