@@ -30,6 +30,8 @@ from qim.schemas.records import (
     OutboxRecord,
     PullHistoryRequest,
     PullMembersRequest,
+    PullReactionsRequest,
+    ReactRequest,
     SendRequest,
     WriterReply,
     conversation_partition,
@@ -217,7 +219,7 @@ def _conversation(request: ConversationRequest) -> tuple[str, str]:
         return request.tenant_id, request.message.conversation_id
     if isinstance(request, CreateGroupRequest | LeaveGroupRequest):
         return request.tenant_id, request.message.group_id
-    if isinstance(request, AmendRequest):
+    if isinstance(request, AmendRequest | ReactRequest | PullReactionsRequest):
         return request.tenant_id, request.conversation_id
     return request.tenant_id, request.group_id
 

@@ -50,6 +50,8 @@ from qim.schemas.records import (
     AmendRequest,
     OutboxRecord,
     PullHistoryRequest,
+    PullReactionsRequest,
+    ReactRequest,
     SendRequest,
     conversation_key,
     decode_conversation_request,
@@ -128,6 +130,17 @@ class CrashHook:
             os._exit(CRASH_EXIT_CODE)
 
 
+def _cuts(request: Any, plan: Plan) -> bool:
+    """Whether ``request`` must be decided on the committed store: a read or an amend of a
+    conversation with an append in ``plan``; a REACT of one with a sequenced append (its
+    target may be in the open batch; earlier REACTs it reads through ``plan.reaction_writes``)."""
+    if isinstance(request, PullHistoryRequest | AmendRequest | PullReactionsRequest):
+        return conversation_of_request(request) in plan.touched
+    if isinstance(request, ReactRequest):
+        return conversation_of_request(request) in plan.sequenced
+    return False
+
+
 class OwnedPartition:
     """A partition this worker serves: its state, its transactional producer, its counters."""
 
@@ -184,10 +197,7 @@ class OwnedPartition:
         now_ms = int(time.time() * 1000)
         plan = Plan()
         for offset, request in decoded:
-            if (
-                isinstance(request, PullHistoryRequest | AmendRequest)
-                and conversation_of_request(request) in plan.touched
-            ):
+            if _cuts(request, plan):
                 await self._commit(plan, offset, armed)
                 plan = Plan()
             if request is not None:
