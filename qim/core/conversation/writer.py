@@ -331,11 +331,6 @@ class ConversationWriterState:
         self._check_not_fenced(self._heads.get((request.tenant_id, request.conversation_id)))
         limits = self.config.limits_for(request.tenant_id)
         log_now_ms = max(now_ms, hlc_ms_to_unix_ms(self.last_hlc_ms))
-        charges = reaction_charges(limits, request.tenant_id, request.user_id)
-        retry_after_ms = self._buckets.check(charges, log_now_ms)
-        if retry_after_ms is not None:
-            reply = _react_error(request, ErrorCode.RATE_LIMITED, retry_after_ms)
-            return Rejected(reply, "rate_limited")
         outcome = reaction_record(
             request,
             reader,
@@ -349,8 +344,13 @@ class ConversationWriterState:
             committed_at=log_now_ms,
             fencing_epoch=self._fencing_epoch,
         )
-        if isinstance(outcome, ReactionUpdate):
+        if isinstance(outcome, ReactionUpdate):  # a no-op succeeds, even at the rate cap
             return Duplicate(reply_for(request, reaction_update=outcome))
+        charges = reaction_charges(limits, request.tenant_id, request.user_id)
+        retry_after_ms = self._buckets.check(charges, log_now_ms)
+        if retry_after_ms is not None:
+            reply = _react_error(request, ErrorCode.RATE_LIMITED, retry_after_ms)
+            return Rejected(reply, "rate_limited")
         update = ReactionUpdate(
             conversation_id=outcome.conversation_id,
             conversation_seq=outcome.target_conversation_seq,

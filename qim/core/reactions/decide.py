@@ -13,12 +13,13 @@ mutates, like ``handle_send``. Checks, in this order:
    the target, or a participant of the one-to-one conversation), else ``PERMISSION_DENIED``;
 3. the target is a normal, visible message (not absent, not a CONTROL, not RECALLED / DELETED),
    else ``PERMISSION_DENIED`` (a probe learns only "no");
-4. ``per_user_reaction_rate`` (``RATE_LIMITED`` with ``retry_after_ms``), a bucket of its own,
+4. the idempotency key ``(tenant, conversation, seq, user, reaction_key)`` (13.6.2): a repeated
+   add, or a remove of a reaction the user does not have, succeeds with the current aggregate
+   and appends nothing, so ``summary_version`` does not move (AT-67) -- also at the rate cap:
+   "returns success" is unconditional, and a no-op costs the system one point read;
+5. ``per_user_reaction_rate`` (``RATE_LIMITED`` with ``retry_after_ms``), a bucket of its own,
    counted apart from ``per_user_msg_rate`` (13.6.3 item 4) and debited from the log like the
    message buckets (``admission``), so a no-op or a refusal costs no token;
-5. the idempotency key ``(tenant, conversation, seq, user, reaction_key)`` (13.6.2): a repeated
-   add, or a remove of a reaction the user does not have, succeeds with the current aggregate
-   and appends nothing, so ``summary_version`` does not move (AT-67);
 6. otherwise a :class:`~qim.schemas.records.outbox.MessageReacted` with the new absolute counts
    and ``summary_version + 1``.
 
