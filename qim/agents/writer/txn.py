@@ -20,7 +20,8 @@ restores it from the checkpoint and the outbox.
 
 ``CrashHook`` is the test hook of spec 8.3's crash table: with ``QIM_WRITER_CRASH_AT=<step>`` and
 ``QIM_WRITER_CRASH_CMID=<client_message_id>`` the process exits at that step of the batch that
-carries the message (``amend:<conversation_id>:<target_seq>`` names a RECALL / EDIT instead).
+carries the message (``amend:<conversation_id>:<target_seq>`` names a RECALL / EDIT instead,
+``react:<conversation_id>:<seq>:<user_id>:<reaction_key>`` a REACT).
 Steps: ``decided`` (coordinates allocated, nothing appended), ``appended`` (outbox records
 acknowledged inside the open transaction), ``committed`` (transaction committed, MessageStore not
 written), ``stored`` (everything done).
@@ -120,11 +121,17 @@ class CrashHook:
         return self.step is not None and any(self._matches(r) for r in requests)
 
     def _matches(self, request: object) -> bool:
-        """A send by its client_message_id; a RECALL / EDIT as ``amend:<conversation>:<seq>``."""
+        """A send by its client_message_id; a RECALL / EDIT / REACT by its name (module doc)."""
         if isinstance(request, SendRequest):
             return request.message.client_message_id == self.client_message_id
         if isinstance(request, AmendRequest):
             name = f"amend:{request.conversation_id}:{request.target_conversation_seq}"
+            return name == self.client_message_id
+        if isinstance(request, ReactRequest):
+            name = (
+                f"react:{request.conversation_id}:{request.conversation_seq}:"
+                f"{request.user_id}:{request.reaction_key}"
+            )
             return name == self.client_message_id
         return False
 
