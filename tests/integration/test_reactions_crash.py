@@ -16,7 +16,13 @@ from collections.abc import AsyncIterator
 import pytest
 
 from qim.devstack.stack import Stack
-from qim.schemas.records import MessageReacted, ReactRequest, WriterReply, conversation_partition
+from qim.schemas.records import (
+    MessageReacted,
+    PullReactionsRequest,
+    ReactRequest,
+    WriterReply,
+    conversation_partition,
+)
 from tests.integration.writer_support import Client, create_group, read_outbox, send, shard_of
 from tests.integration.writer_workers import Workers
 
@@ -112,3 +118,41 @@ async def test_a_writer_killed_before_and_after_a_reactions_commit_loses_and_dou
     joined = history[seq].reactions
     assert joined is not None and joined.counts == {"heart": 1, "like": 3}
     assert joined.summary_version == 4 and joined.self_reaction_keys == ("like",)
+
+
+async def test_a_1001_member_group_keeps_counts_but_serves_no_detail(
+    workers: Workers, client: Client
+) -> None:
+    """13.6.3 item 3: above ``reaction_detail_max_members`` (1000) PULL_REACTIONS answers
+    ``total`` with an empty ``users[]``; the counts and the reactors' own keys stay exact."""
+    await workers.ensure_primary()
+    tenant, group = f"t-{uuid.uuid4().hex[:10]}", "g:react-big"
+    members = [f"m{n:04d}" for n in range(1000)]
+    created = await client.call(create_group(tenant, "alice", group, members), within=120)
+    assert created.error is None, created
+    sent = await client.call(send(tenant, "alice", group, "big"))
+    assert sent.send_ack is not None
+    seq = sent.send_ack.conversation_seq
+    for user in ("m0001", "m0002", "alice"):
+        await client.call(react(tenant, user, group, seq, "like"))
+    again = counts(await client.call(react(tenant, "m0001", group, seq, "like")))
+    assert again == ({"like": 3}, 3)  # idempotent at any size
+    page = await client.call(
+        PullReactionsRequest(
+            tenant_id=tenant,
+            user_id="m0500",
+            device_id="dev",
+            session_epoch=1,
+            connection_shard=shard_of("m0500"),
+            request_id=next(_ids),
+            conversation_id=group,
+            conversation_seq=seq,
+            reaction_key="like",
+        )
+    )
+    assert page.reaction_list is not None, page
+    assert (page.reaction_list.total, page.reaction_list.users) == (3, ())
+    history = {m.conversation_seq: m for m in await client.history(tenant, "m0002", group)}
+    joined = history[seq].reactions
+    assert joined is not None and joined.counts == {"like": 3}
+    assert joined.self_reaction_keys == ("like",)
