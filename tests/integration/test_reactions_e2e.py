@@ -24,7 +24,7 @@ from qim.client.login import SyncResult
 from qim.devstack.stack import Stack
 from qim.schemas.frames import ErrorCode, EventType
 from qim.schemas.frames.reactions import ReactionUpdate
-from tests.integration.device_support import eventually, follow, login
+from tests.integration.device_support import drain, eventually, follow, login
 from tests.integration.login_support import WAIT_S, syncing_gateway
 from tests.integration.mailbox_support import Client as MailboxProbe
 from tests.integration.mailbox_support import Node as MailboxWorker
@@ -94,6 +94,7 @@ async def test_reactions_reach_online_members_as_absolute_frames_and_history_kee
                     return held is not None and held.summary_version == 3
 
                 bodies = await follow(device, final, "carol's REACTION_UPDATE at version 3")
+                bodies += await drain(device.client)  # applied while another device was followed
                 got = [b for b in bodies if isinstance(b, ReactionUpdate)]
                 assert got and all(u.conversation_seq == seq for u in got)
                 versions = [u.summary_version for u in got]
