@@ -22,6 +22,8 @@ from qim.schemas.frames.reactions import MessageReactions, ReactionUpdate
 
 __all__ = ["MessageReactionState", "ReactionState"]
 
+_GONE = frozenset({"RECALLED", "DELETED"})
+
 
 @dataclass(slots=True)
 class MessageReactionState:
@@ -59,9 +61,13 @@ class ReactionState:
         )
 
     def apply_history(self, conversation_id: str, batch: HistoryBatch) -> int:
-        """Apply the aggregates a HISTORY_BATCH joined onto its messages; returns how many."""
+        """Apply the aggregates a HISTORY_BATCH joined onto its messages; returns how many.
+        A recalled or deleted message's aggregate is forgotten (13.6.4: the server deleted it)."""
         applied = 0
         for message in batch.messages:
+            if message.state in _GONE:
+                self.forget(conversation_id, message.conversation_seq)
+                continue
             joined: MessageReactions | None = message.reactions
             if joined is not None:
                 applied += self._apply(

@@ -169,6 +169,7 @@ async def test_reactions_reach_online_members_as_absolute_frames_and_history_kee
             history = await dave.client.pull_history(group, direction="newer", limit=50)
             recalled = {m.conversation_seq: m for m in history.messages}[seq]
             assert recalled.state == "RECALLED" and recalled.reactions is None
+            assert dave.client.reactions.get(group, seq) is None  # the SDK forgot it too
             for call in (
                 bob.client.react(group, seq, "like", remove=True),
                 bob.client.pull_reactions(group, seq, "like"),

@@ -7,7 +7,8 @@ from qim.core.conversation import Duplicate, Reacted, Rejected
 from qim.core.history import decode_message_record, message_key
 from qim.core.reactions.push import ReactionPushMerge, push_records
 from qim.schemas.frames.errors import ErrorCode
-from qim.schemas.frames.reactions import ReactionUpdate
+from qim.schemas.frames.history import HistoryBatch, HistoryMessage
+from qim.schemas.frames.reactions import MessageReactions, ReactionUpdate
 from qim.schemas.records import ReactRequest
 from qim.schemas.records.outbox import MessageReacted
 from tests.unit.history.support import C, T
@@ -145,3 +146,21 @@ def test_13_6_2_the_sdk_applies_only_newer_versions_and_keeps_its_keys_when_omit
     held = state.get(C, 1)
     assert held is not None and held.self_reaction_keys == ("heart", "like")
     assert held.counts == {"like": 3}  # the counts stay the newest
+
+
+def test_13_6_4_a_history_page_with_the_message_recalled_drops_the_sdks_aggregate() -> None:
+    state = ReactionState()
+    state.apply(
+        ReactionUpdate(conversation_id=C, conversation_seq=1, counts={"a": 1}, summary_version=1)
+    )
+    joined = MessageReactions(counts={"a": 2}, summary_version=2, self_reaction_keys=("a",))
+    page = HistoryBatch(
+        messages=(
+            HistoryMessage(conversation_seq=1, sender_id="u1", state="RECALLED"),
+            HistoryMessage(conversation_seq=2, sender_id="u1", reactions=joined),
+        )
+    )
+    assert state.apply_history(C, page) == 1
+    assert state.get(C, 1) is None
+    held = state.get(C, 2)
+    assert held is not None and held.counts == {"a": 2} and held.self_reaction_keys == ("a",)
