@@ -23,6 +23,7 @@ from qim.bench.scenarios.baseline import run_kafka_baseline
 from qim.bench.scenarios.connections import ConnectionsParams, run_connections
 from qim.bench.scenarios.fanout import FanoutParams, run_fanout
 from qim.bench.scenarios.login import LoginParams, run_login
+from qim.bench.scenarios.reactions import ReactionsParams, run_reactions
 from qim.bench.scenarios.send import SendParams, run_send
 from qim.bench.schedule import sweep
 from qim.bench.speedscope import summarize
@@ -40,6 +41,7 @@ class Preset:
     login: LoginParams
     connections: ConnectionsParams
     baseline: tuple[BaselineSpec, ...]
+    reactions: ReactionsParams
 
 
 QUICK = Preset(
@@ -48,6 +50,7 @@ QUICK = Preset(
     login=LoginParams(backlogs=(0, 1000), repeats=3),
     connections=ConnectionsParams(counts=(150,), hold_s=15.0),
     baseline=(BaselineSpec(count=5000, rate=None), BaselineSpec(count=1000, rate=100.0)),
+    reactions=ReactionsParams(size=500, reactions=60),  # 100 online
 )
 FULL = Preset(
     send=SendParams(pairs=100, rates=tuple(sweep(50.0, 3200.0, 7)), duration_s=30.0),
@@ -55,6 +58,7 @@ FULL = Preset(
     login=LoginParams(backlogs=(0, 1000, 10_000), repeats=10),
     connections=ConnectionsParams(counts=(150, 1000), hold_s=60.0),
     baseline=(BaselineSpec(count=100_000, rate=None), BaselineSpec(count=30_000, rate=1000.0)),
+    reactions=ReactionsParams(size=1000, reactions=200),  # 200 online, one REACT each
 )
 
 
@@ -99,6 +103,7 @@ def _preset(ctx: Ctx, preset: Preset) -> None:
     _run(ctx, lambda t: run_kafka_baseline(t, preset.baseline))
     _run(ctx, lambda t: run_send(t, preset.send))
     _run(ctx, lambda t: run_fanout(t, preset.fanout))
+    _run(ctx, lambda t: run_reactions(t, preset.reactions))
     _run(ctx, lambda t: run_login(t, preset.login))
     _run(ctx, lambda t: run_connections(t, preset.connections))
 
@@ -167,6 +172,35 @@ def fanout(ctx: Ctx, sizes: str, online: float, messages: int, rate: float, tena
         sizes=_ints(sizes), online_fraction=online, messages=messages, rate=rate, tenant=tenant
     )
     _run(ctx, lambda t: run_fanout(t, params))
+
+
+@bench.command()
+@click.option("--size", type=click.IntRange(min=2), default=1000, show_default=True)
+@click.option("--online", type=float, default=0.2, show_default=True)
+@click.option("--reactions", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--rate", type=float, default=50.0, show_default=True, help="REACT/s.")
+@click.option(
+    "--window-ms",
+    type=click.IntRange(min=1),
+    default=2000,
+    show_default=True,
+    help="The stack's reaction_push_merge_window (the bound the report checks).",
+)
+@click.option("--tenant", default="bench", show_default=True)
+@click.pass_obj
+def reactions(
+    ctx: Ctx, size: int, online: float, reactions: int, rate: float, window_ms: int, tenant: str
+) -> None:
+    """A burst of REACTs on one message of a big group: merged frames, no mailbox entries."""
+    params = ReactionsParams(
+        size=size,
+        online_fraction=online,
+        reactions=reactions,
+        rate=rate,
+        window_ms=window_ms,
+        tenant=tenant,
+    )
+    _run(ctx, lambda t: run_reactions(t, params))
 
 
 @bench.command()

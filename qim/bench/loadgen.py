@@ -33,6 +33,7 @@ from qim.client import (
     login_and_sync,
 )
 from qim.schemas.frames import PushEvents, SyncEntry
+from qim.schemas.frames.reactions import ReactionUpdate
 
 __all__ = [
     "Device",
@@ -83,6 +84,8 @@ class Device:
         self.sink = sink
         self.push_frames = 0
         self.push_entries = 0
+        self.reaction_frames: list[tuple[float, ReactionUpdate]] = []
+        """Every REACTION_UPDATE pushed to this device, with its arrival time."""
         self._task = asyncio.create_task(self._collect())
 
     @property
@@ -91,7 +94,9 @@ class Device:
 
     async def _collect(self) -> None:
         async for frame in self.client.events():
-            if isinstance(frame.body, PushEvents):
+            if isinstance(frame.body, ReactionUpdate):
+                self.reaction_frames.append((clock(), frame.body))
+            elif isinstance(frame.body, PushEvents):
                 at = clock()
                 self.push_frames += 1
                 for entry in frame.body.events:

@@ -14,6 +14,7 @@ from typing import TypeVar
 
 from qim.client.errors import UnexpectedFrame
 from qim.client.identity import Identity
+from qim.client.reactions import ReactionState
 from qim.client.sessions import SessionList
 from qim.schemas.frames import (
     Body,
@@ -34,6 +35,7 @@ from qim.schemas.frames import (
 )
 from qim.schemas.frames.control import Edit, MarkRead, ReadSync, Recall
 from qim.schemas.frames.history import SessionEntry
+from qim.schemas.frames.reactions import PullReactions, React, ReactionList, ReactionUpdate
 from qim.schemas.message_types import MessageType
 
 __all__ = ["FrameCalls"]
@@ -49,6 +51,10 @@ class FrameCalls:
 
     sessions: SessionList
     """The local session list (12.6.2, 12.8.3), fed by pages and by the session frames."""
+
+    reactions: ReactionState
+    """Reaction aggregates by message (13.6.2), fed by REACTION_UPDATE, REACT replies and
+    history pages; newer ``summary_version`` only."""
 
     async def _call(self, body: Body, reply: type[R], timeout: float | None) -> R:
         raise NotImplementedError
@@ -248,7 +254,53 @@ class FrameCalls:
             limit=limit,
             max_bytes=max_bytes,
         )
-        return await self._call(body, HistoryBatch, timeout)
+        batch = await self._call(body, HistoryBatch, timeout)
+        self.reactions.apply_history(conversation_id, batch)
+        return batch
+
+    async def react(
+        self,
+        conversation_id: str,
+        conversation_seq: int,
+        reaction_key: str,
+        *,
+        remove: bool = False,
+        timeout: float | None = None,
+    ) -> ReactionUpdate:
+        """REACT (A.3 #18) -> the message's absolute REACTION_UPDATE, applied to
+        :attr:`reactions`. Idempotent: a repeated add or a remove of nothing succeeds and
+        changes nothing (13.6.2); a non-member or a recalled message gets PERMISSION_DENIED."""
+        body = React(
+            conversation_id=conversation_id,
+            conversation_seq=conversation_seq,
+            reaction_key=reaction_key,
+            action="remove" if remove else "add",
+        )
+        update = await self._call(body, ReactionUpdate, timeout)
+        self.reactions.apply(update)
+        return update
+
+    async def pull_reactions(
+        self,
+        conversation_id: str,
+        conversation_seq: int,
+        reaction_key: str = "",
+        *,
+        offset: int = 0,
+        limit: int = 0,
+        timeout: float | None = None,
+    ) -> ReactionList:
+        """PULL_REACTIONS (A.3 #19) -> REACTION_LIST: who reacted with ``reaction_key`` (empty:
+        any key), ``limit`` <= ``reaction_detail_page_limit`` (0 = that limit). ``users`` is
+        empty with only ``total`` in a group above ``reaction_detail_max_members``."""
+        body = PullReactions(
+            conversation_id=conversation_id,
+            conversation_seq=conversation_seq,
+            reaction_key=reaction_key,
+            offset=offset,
+            limit=limit,
+        )
+        return await self._call(body, ReactionList, timeout)
 
     async def pull_session_list(
         self,

@@ -42,6 +42,7 @@ from qim.client.errors import (
 from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import identity_from_token
+from qim.client.reactions import ReactionState
 from qim.client.sessions import SessionList
 from qim.client.state import ClientEvent, ClientState, ClientStateMachine
 from qim.client.transport import Transport
@@ -60,6 +61,7 @@ from qim.schemas.frames import (
     Ping,
     Pong,
     ProtocolError,
+    ReactionUpdate,
     Redirect,
     Role,
     UnknownFrame,
@@ -135,6 +137,7 @@ class QimClient(FrameCalls, UserStateCalls):
         self.last_applied_mailbox_seq = 0  # the application's cursor, reported in PING
         self._bound: tuple[str, str, int] = ("", DEFAULT_CLIENT_VERSION, 0)  # for reauth
         self.sessions = SessionList()
+        self.reactions = ReactionState()
         self.unknown_frames = 0  # skipped per §27.1.2
         self.late_replies = 0  # replies to requests that had already timed out
 
@@ -473,6 +476,8 @@ class QimClient(FrameCalls, UserStateCalls):
             self.kicked = body
         elif isinstance(body, Error):
             self.last_error = QimError.from_frame(body)
+        elif isinstance(body, ReactionUpdate):
+            self.reactions.apply(body)  # newer versions only (13.6.2)
         else:  # SESSION_DELTA, BADGE_UPDATE, READ_SYNC keep the local list (12.6.2)
             self.sessions.on_frame(body, self.last_applied_mailbox_seq)
         self._events.put_nowait(frame)

@@ -14,6 +14,7 @@ Keyspaces (one byte tag each, so they never interleave in a scan):
 * ``b"d" tenant 0x00 conversation 0x00`` -- the participants of a direct conversation (msgpack
   list), remembered from its MessageCommitted records: PULL_HISTORY of a one-to-one conversation
   has no peer to recompute the id from, so membership is checked against this list;
+* ``b"s"`` / ``b"x"`` -- reaction summaries and detail rows (:mod:`qim.core.reactions.store`);
 * ``b"\\x00outbox-offset"`` -- the applied offset, 8 bytes big-endian of ``offset + 1``.
 
 Implements ``OrderedReader`` / ``OrderedWriter`` of the history core. The block cache is capped
@@ -119,9 +120,16 @@ class MessageStore:
     def put(self, key: bytes, value: bytes) -> None:
         self._db[key] = value
 
+    def delete(self, key: bytes) -> None:
+        del self._db[key]
+
     def get(self, key: bytes) -> bytes | None:
         value: bytes | None = self._db.get(key)
         return value
+
+    def keys_under(self, prefix: bytes) -> list[bytes]:
+        """Every key under ``prefix`` (a message's reaction rows), ascending."""
+        return [key for key, _ in prefix_scan(self._db, prefix, prefix, False)]
 
     # -- the writer's API ------------------------------------------------------------------------
 
@@ -145,7 +153,10 @@ class MessageStore:
             raise ValueError(f"outbox offset {outbox_offset} <= applied {self._applied}")
         batch = rocksdict.WriteBatch(raw_mode=True)
         for write in writes:
-            batch.put(write.key, write.value)
+            if write.value is None:
+                batch.delete(write.key)
+            else:
+                batch.put(write.key, write.value)
         for tenant_id, conversation_id, users in participants:
             batch.put(participants_key(tenant_id, conversation_id), _ENCODER.encode(users))
         batch.put(_OFFSET_KEY, (outbox_offset + 1).to_bytes(8, "big"))

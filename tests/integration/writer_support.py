@@ -18,6 +18,7 @@ from typing import Any
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from qim.core.conversation import direct_conversation_id
+from qim.gateway.routing.replies import record_kind
 from qim.schemas.frames import CreateGroup, LeaveGroup, PullHistory, PullMembers, SendMessage
 from qim.schemas.frames.history import HistoryMessage
 from qim.schemas.records import (
@@ -30,6 +31,8 @@ from qim.schemas.records import (
     OutboxRecord,
     PullHistoryRequest,
     PullMembersRequest,
+    PullReactionsRequest,
+    ReactRequest,
     SendRequest,
     WriterReply,
     conversation_partition,
@@ -162,6 +165,8 @@ class Client:
             fetched = await self._consumer.getmany(timeout_ms=200)
             for records in fetched.values():
                 for record in records:
+                    if record_kind(record.value) != "reply":
+                        continue  # a PushBatch or ReactionPush shares the topic
                     reply = decode_writer_reply(record.value)
                     self.replies[(reply.tenant_id, reply.user_id, reply.request_id)].append(reply)
             if fetched:
@@ -217,7 +222,7 @@ def _conversation(request: ConversationRequest) -> tuple[str, str]:
         return request.tenant_id, request.message.conversation_id
     if isinstance(request, CreateGroupRequest | LeaveGroupRequest):
         return request.tenant_id, request.message.group_id
-    if isinstance(request, AmendRequest):
+    if isinstance(request, AmendRequest | ReactRequest | PullReactionsRequest):
         return request.tenant_id, request.conversation_id
     return request.tenant_id, request.group_id
 

@@ -223,3 +223,12 @@ def test_a_speedscope_profile_is_summarized_by_self_and_inclusive_time(tmp_path:
         "materialize (qim/core/mailbox/materialize.py:95)": 0.5,
     }  # select is not a qim frame
     assert summary.lines()[0] == "total sampled: 4.0 s"
+
+
+def test_reactions_bench_counts_the_most_frames_any_merge_window_held() -> None:
+    from qim.bench.scenarios.reactions import max_in_window
+
+    assert max_in_window([], 2.0) == 0
+    assert max_in_window([0.0, 2.0, 4.0], 2.0) == 1  # half-open: one per window
+    assert max_in_window([5.0, 0.0, 1.9, 2.1], 2.0) == 2
+    assert max_in_window([0.0, 0.1, 0.2, 9.0], 2.0) == 3

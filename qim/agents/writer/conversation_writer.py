@@ -61,6 +61,7 @@ from qim.agents.writer.restore import restore_partition
 from qim.agents.writer.txn import OwnedPartition, SelfFencedError, Topics
 from qim.agents.writer.user_quota import UserQuotaFollower
 from qim.core.conversation import WriterFencedError
+from qim.schemas.routing import connection_shard_id, user_bucket
 from qim.streams.fetching import hot_fetch
 from qim.streams.producer import RecoveringProducer, replaced_counter
 from qim.tables.message_store import MessageStore
@@ -199,7 +200,24 @@ class ConversationWriterService(Service):
             await self._replies.stop()
         await self.quota.stop()
 
+    def _connection_shard(self, tenant_id: str, user_id: str) -> int:
+        """A user's ConnectionShard (spec 5.2), where its REACTION_UPDATEs go."""
+        settings = self.options.settings
+        bucket = user_bucket(tenant_id, user_id, settings.virtual_bucket_count)
+        return connection_shard_id(bucket, settings.connection_shard_count)
+
     # -- the loop --------------------------------------------------------------------------------
+
+    @Service.task
+    async def _flush_reactions(self) -> None:
+        """Every 50 ms, push the reaction merge windows that ended (``OwnedPartition``)."""
+        while not self.should_stop:
+            await self.sleep(0.05)
+            for owned in list(self._owned.values()):
+                try:
+                    await owned.flush_reactions()
+                except Exception:
+                    log.exception("p%d: reaction pushes failed", owned.partition)
 
     @Service.task
     async def _serve(self) -> None:
@@ -371,6 +389,8 @@ class ConversationWriterService(Service):
                 crash=opts.crash,
                 metrics=self.metrics,
                 reply_producer=self._replies,
+                reaction_merge_window_ms=opts.settings.reaction_push_merge_window,
+                connection_shard=self._connection_shard,
             )
             tp = TopicPartition(opts.requests_topic, p)
             committed = await consumer.committed(tp)

@@ -27,6 +27,7 @@ from qim.agents.writer.snapshot import CHECKPOINT_FORMAT, Checkpoint
 from qim.core.conversation import ApplyOutcome, ConversationWriterState, WriterConfig
 from qim.core.history import archive_batch
 from qim.core.membership import GroupMembership, member_slices
+from qim.core.reactions.store import reaction_writes
 from qim.schemas.ids import hlc_ms_to_unix_ms
 from qim.schemas.log_identity import LogIdentity
 from qim.schemas.records import (
@@ -35,6 +36,7 @@ from qim.schemas.records import (
     MembershipCommitted,
     MemberSliceRecord,
     MessageCommitted,
+    MessageReacted,
     OutboxRecord,
     WriterReply,
 )
@@ -66,6 +68,13 @@ class Plan:
     admin_replies: list[AdminReply] = field(default_factory=list)
     touched: set[tuple[str, str]] = field(default_factory=set)
     """Conversations with an append in this plan (a PULL_HISTORY of one cuts the batch)."""
+    sequenced: set[tuple[str, str]] = field(default_factory=set)
+    """Conversations with an append other than a reaction (a REACT on one cuts the batch)."""
+    reaction_writes: dict[bytes, bytes | None] = field(default_factory=dict)
+    """The MessageStore writes of this plan's reactions (None: a delete), which the next REACT
+    of the batch reads through (``writer_requests``) before the store has them."""
+    reactions: list[MessageReacted] = field(default_factory=list)
+    """This plan's reactions, pushed to online members after the commit (``push``)."""
 
 
 class PartitionWriter:
@@ -156,6 +165,12 @@ class PartitionWriter:
         plan.outbox.append(record)
         plan.slices.extend(slices)
         plan.touched.add(conversation_of(record))
+        if isinstance(record, MessageReacted):
+            plan.reactions.append(record)
+            for write in reaction_writes(record):
+                plan.reaction_writes[write.key] = write.value
+        else:
+            plan.sequenced.add(conversation_of(record))
 
     def replay(self, record: OutboxRecord, offset: int) -> None:
         """Restore path: one committed record at ``offset`` (ascending; repeats are no-ops)."""
@@ -191,7 +206,9 @@ class PartitionWriter:
             for r, _ in rows
             if isinstance(r, MessageCommitted) and r.conversation_kind == DIRECT
         ]
-        writes = archive_batch((r for r, _ in rows), read=self.store.get)
+        writes = archive_batch(
+            (r for r, _ in rows), read=self.store.get, keys_under=self.store.keys_under
+        )
         self.store.commit(writes, participants, rows[-1][1])
 
     # -- incarnation ---------------------------------------------------------------------------

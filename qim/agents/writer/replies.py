@@ -19,6 +19,7 @@ from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.frames.exceptions import ProtocolError
 from qim.schemas.frames.history import HistoryBatch
 from qim.schemas.frames.members import MemberListBatch
+from qim.schemas.frames.reactions import ReactionList
 from qim.schemas.records import (
     AdminGroupRequest,
     AdminReply,
@@ -28,6 +29,8 @@ from qim.schemas.records import (
     LeaveGroupRequest,
     PullHistoryRequest,
     PullMembersRequest,
+    PullReactionsRequest,
+    ReactRequest,
     SendRequest,
     WriterReply,
 )
@@ -51,6 +54,8 @@ SessionRequest: TypeAlias = (
     | PullMembersRequest
     | CreateGroupRequest
     | LeaveGroupRequest
+    | ReactRequest
+    | PullReactionsRequest
 )
 """The requests a client sent through a gateway session, answered on ``qim.to-gateway``."""
 
@@ -61,9 +66,12 @@ def reply_to(
     error: Error | None = None,
     history: HistoryBatch | None = None,
     members: MemberListBatch | None = None,
+    reaction_list: ReactionList | None = None,
 ) -> WriterReply:
     """The reply to ``request`` carrying exactly one of the bodies."""
-    return reply_for(request, error=error, history=history, members=members)
+    return reply_for(
+        request, error=error, history=history, members=members, reaction_list=reaction_list
+    )
 
 
 def error_body(exc: ProtocolError, request_id: int, retry_after_ms: int | None = None) -> Error:

@@ -23,10 +23,12 @@ from __future__ import annotations
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
+import msgspec
+
 from qim.agents.writer.membership import admin, create, leave
 from qim.agents.writer.partition import PartitionWriter, Plan
 from qim.agents.writer.replies import refuse, reply_to
-from qim.core.conversation import Accepted, Amended, WriterConfig, conversation_kind
+from qim.core.conversation import Accepted, Amended, Reacted, WriterConfig, conversation_kind
 from qim.core.conversation.quota import QUOTA_EXHAUSTED, UserKey, joining_users, quota_refused
 from qim.core.history import (
     FULL_INTERVAL,
@@ -39,9 +41,12 @@ from qim.core.history import (
     pull_history,
 )
 from qim.core.membership import MemberPageLimits, MembershipRejected, create_reply, pull_members
+from qim.core.reactions.decide import ReactTarget, target_refusal
+from qim.core.reactions.store import joined_reactions, reaction_page
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.frames.exceptions import ProtocolError
 from qim.schemas.frames.history import HistoryBatch
+from qim.schemas.frames.reactions import ReactionList
 from qim.schemas.ids import ClockUnsafeError
 from qim.schemas.records import (
     DIRECT,
@@ -53,9 +58,12 @@ from qim.schemas.records import (
     LeaveGroupRequest,
     PullHistoryRequest,
     PullMembersRequest,
+    PullReactionsRequest,
+    ReactRequest,
     SendRequest,
     conversation_partition,
 )
+from qim.tables.message_store import MessageStore
 
 __all__ = ["RequestContext", "conversation_of_request", "handle_request"]
 
@@ -85,7 +93,7 @@ def conversation_of_request(request: ConversationRequest) -> tuple[str, str]:
             return request.tenant_id, request.message.conversation_id
         case PullHistoryRequest() | PullMembersRequest():
             return request.tenant_id, request.message.conversation_id
-        case AmendRequest():
+        case AmendRequest() | ReactRequest() | PullReactionsRequest():
             return request.tenant_id, request.conversation_id
         case CreateGroupRequest() | LeaveGroupRequest():
             return request.tenant_id, request.message.group_id
@@ -153,6 +161,10 @@ def _dispatch(
             plan.replies.append(decision.reply)
         case AmendRequest():
             _amend(pw, request, now_ms, plan)
+        case ReactRequest():
+            _react(pw, request, now_ms, plan)
+        case PullReactionsRequest():
+            plan.replies.append(reply_to(request, reaction_list=_reactions(pw, ctx, request)))
         case PullHistoryRequest():
             plan.replies.append(reply_to(request, history=_history(pw, ctx, request)))
         case PullMembersRequest():
@@ -210,6 +222,92 @@ def _amend(pw: PartitionWriter, request: AmendRequest, now_ms: int, plan: Plan) 
     plan.replies.append(decision.reply)
 
 
+class _Overlay:
+    """The MessageStore under the open plan's own reaction writes (a REACT decides on top of
+    the batch's earlier REACTs without cutting the batch)."""
+
+    __slots__ = ("_store", "_writes")
+
+    def __init__(self, store: MessageStore, writes: dict[bytes, bytes | None]) -> None:
+        self._store = store
+        self._writes = writes
+
+    def get(self, key: bytes) -> bytes | None:
+        if key in self._writes:
+            return self._writes[key]
+        return self._store.get(key)
+
+
+def _react_target(
+    pw: PartitionWriter, tenant_id: str, conversation_id: str, user_id: str
+) -> tuple[ReactTarget | None, tuple[int, int | None] | None]:
+    """The conversation if ``user_id`` may react in it now (an ACTIVE group member, or a
+    participant of the one-to-one conversation), with a group member's visible interval."""
+    kind = conversation_kind(conversation_id)
+    if kind == GROUP:
+        seen = pw.membership.visible_interval(tenant_id, conversation_id, user_id)
+        if seen is None or not pw.membership.is_member(tenant_id, conversation_id, user_id):
+            return None, None
+        target = ReactTarget(
+            kind=GROUP,
+            participants=(),
+            member_count=pw.membership.member_count(tenant_id, conversation_id),
+            membership_version=pw.membership.version(tenant_id, conversation_id),
+        )
+        return target, seen
+    if kind == DIRECT:
+        participants = pw.store.participants(tenant_id, conversation_id) or ()
+        if user_id not in participants:
+            return None, None
+        return ReactTarget(DIRECT, participants, len(participants), 0), None
+    return None, None
+
+
+def _react(pw: PartitionWriter, request: ReactRequest, now_ms: int, plan: Plan) -> None:
+    """REACT (13.6.2): the core decides on the store's target row (committed: a REACT of a
+    conversation with a sequenced append in the open batch cut it, ``writer_txn``) and on the
+    reaction rows under this batch's own reaction writes."""
+    t, c = request.tenant_id, request.conversation_id
+    target, visible = _react_target(pw, t, c, request.user_id)
+    raw = pw.store.get(message_key(t, c, request.conversation_seq)) if target else None
+    original = None if raw is None else decode_message_record(raw)
+    reader = _Overlay(pw.store, plan.reaction_writes)
+    decision = pw.state.handle_react(request, now_ms, target, original, reader, visible=visible)
+    if isinstance(decision, Reacted):
+        pw.append(decision.record, plan)
+    plan.replies.append(decision.reply)
+
+
+def _reactions(
+    pw: PartitionWriter, ctx: RequestContext, request: PullReactionsRequest
+) -> ReactionList:
+    """PULL_REACTIONS (13.6.2): a member's page of who reacted; ``total`` only above
+    ``reaction_detail_max_members`` members (13.6.3 item 3). ``limit`` 0 = the page limit,
+    clamped to it; a recalled or invisible target reads like a stranger's request."""
+    t, c = request.tenant_id, request.conversation_id
+    target, visible = _react_target(pw, t, c, request.user_id)
+    if target is None:
+        raise MembershipRejected("not_a_member")
+    raw = pw.store.get(message_key(t, c, request.conversation_seq))
+    original = None if raw is None else decode_message_record(raw)
+    reason = target_refusal(original, visible)
+    if reason is not None:
+        raise ProtocolError(reason, code=ErrorCode.PERMISSION_DENIED)
+    limits = ctx.config.limits_for(t)
+    page_limit = limits.reaction_detail_page_limit
+    limit = page_limit if request.limit == 0 else min(request.limit, page_limit)
+    return reaction_page(
+        pw.store,
+        t,
+        c,
+        request.conversation_seq,
+        request.reaction_key,
+        offset=request.offset,
+        limit=limit,
+        detail_served=target.member_count <= limits.reaction_detail_max_members,
+    )
+
+
 def _history(pw: PartitionWriter, ctx: RequestContext, request: PullHistoryRequest) -> HistoryBatch:
     tenant_id, user_id = request.tenant_id, request.user_id
     conversation_id = request.message.conversation_id
@@ -226,7 +324,7 @@ def _history(pw: PartitionWriter, ctx: RequestContext, request: PullHistoryReque
         interval = FULL_INTERVAL
     else:
         raise MembershipRejected("not_a_member")
-    return pull_history(
+    batch = pull_history(
         pw.store,
         tenant_id=tenant_id,
         request=request.message,
@@ -234,3 +332,24 @@ def _history(pw: PartitionWriter, ctx: RequestContext, request: PullHistoryReque
         bounds=bounds_from_store(pw.store, tenant_id, conversation_id),
         limits=ctx.history_limits,
     )
+    return _join_reactions(pw.store, tenant_id, conversation_id, user_id, batch)
+
+
+def _join_reactions(
+    store: MessageStore, tenant_id: str, conversation_id: str, viewer: str, batch: HistoryBatch
+) -> HistoryBatch:
+    """18.3.1 / 13.6.4: the page's reaction aggregates from one range scan over its seqs, with
+    the viewer's own keys, on each message that has any."""
+    if not batch.messages:
+        return batch
+    seqs = [m.conversation_seq for m in batch.messages]
+    joined = joined_reactions(store, tenant_id, conversation_id, min(seqs), max(seqs), viewer)
+    if not joined:
+        return batch
+    messages = tuple(
+        msgspec.structs.replace(m, reactions=joined[m.conversation_seq])
+        if m.conversation_seq in joined
+        else m
+        for m in batch.messages
+    )
+    return msgspec.structs.replace(batch, messages=messages)

@@ -20,7 +20,8 @@ restores it from the checkpoint and the outbox.
 
 ``CrashHook`` is the test hook of spec 8.3's crash table: with ``QIM_WRITER_CRASH_AT=<step>`` and
 ``QIM_WRITER_CRASH_CMID=<client_message_id>`` the process exits at that step of the batch that
-carries the message (``amend:<conversation_id>:<target_seq>`` names a RECALL / EDIT instead).
+carries the message (``amend:<conversation_id>:<target_seq>`` names a RECALL / EDIT instead,
+``react:<conversation_id>:<seq>:<user_id>:<reaction_key>`` a REACT).
 Steps: ``decided`` (coordinates allocated, nothing appended), ``appended`` (outbox records
 acknowledged inside the open transaction), ``committed`` (transaction committed, MessageStore not
 written), ``stored`` (everything done).
@@ -29,6 +30,7 @@ written), ``stored`` (everything done).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import time
@@ -45,11 +47,16 @@ from qim.agents.writer.metrics import WriterMetrics
 from qim.agents.writer.partition import PartitionWriter, Plan, conversation_of
 from qim.agents.writer.requests import RequestContext, conversation_of_request, handle_request
 from qim.agents.writer.snapshot import checkpoint_records
+from qim.core.reactions.push import ReactionPushMerge, push_records
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.records import (
+    DIRECT,
     AmendRequest,
+    MessageReacted,
     OutboxRecord,
     PullHistoryRequest,
+    PullReactionsRequest,
+    ReactRequest,
     SendRequest,
     conversation_key,
     decode_conversation_request,
@@ -57,6 +64,7 @@ from qim.schemas.records import (
     encode_outbox_record,
     encode_record,
 )
+from qim.schemas.records.reactions import encode_reaction_push
 
 __all__ = [
     "CRASH_EXIT_CODE",
@@ -113,11 +121,17 @@ class CrashHook:
         return self.step is not None and any(self._matches(r) for r in requests)
 
     def _matches(self, request: object) -> bool:
-        """A send by its client_message_id; a RECALL / EDIT as ``amend:<conversation>:<seq>``."""
+        """A send by its client_message_id; a RECALL / EDIT / REACT by its name (module doc)."""
         if isinstance(request, SendRequest):
             return request.message.client_message_id == self.client_message_id
         if isinstance(request, AmendRequest):
             name = f"amend:{request.conversation_id}:{request.target_conversation_seq}"
+            return name == self.client_message_id
+        if isinstance(request, ReactRequest):
+            name = (
+                f"react:{request.conversation_id}:{request.conversation_seq}:"
+                f"{request.user_id}:{request.reaction_key}"
+            )
             return name == self.client_message_id
         return False
 
@@ -126,6 +140,21 @@ class CrashHook:
             log.warning("crash hook: exiting at step %r", step)
             logging.shutdown()
             os._exit(CRASH_EXIT_CODE)
+
+
+def _monotonic_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+def _cuts(request: Any, plan: Plan) -> bool:
+    """Whether ``request`` must be decided on the committed store: a read or an amend of a
+    conversation with an append in ``plan``; a REACT of one with a sequenced append (its
+    target may be in the open batch; earlier REACTs it reads through ``plan.reaction_writes``)."""
+    if isinstance(request, PullHistoryRequest | AmendRequest | PullReactionsRequest):
+        return conversation_of_request(request) in plan.touched
+    if isinstance(request, ReactRequest):
+        return conversation_of_request(request) in plan.sequenced
+    return False
 
 
 class OwnedPartition:
@@ -145,9 +174,12 @@ class OwnedPartition:
         crash: CrashHook,
         metrics: WriterMetrics | None = None,
         reply_producer: Any = None,
+        reaction_merge_window_ms: int = 0,
+        connection_shard: Callable[[str, str], int] | None = None,
     ) -> None:
         """``reply_producer`` (non-transactional, shared by the process's partitions) sends the
-        replies after the commit; without one they ride the transaction (unit tests)."""
+        replies after the commit; without one they ride the transaction (unit tests), and no
+        REACTION_UPDATE is pushed. ``connection_shard(tenant, user)`` addresses the pushes."""
         self.writer = writer
         self.metrics = metrics
         self.producer = producer
@@ -163,6 +195,10 @@ class OwnedPartition:
         self.committed = 0
         self.lock = asyncio.Lock()
         self._tp = TopicPartition(topics.requests, writer.partition)
+        self.reaction_merge = ReactionPushMerge(reaction_merge_window_ms)
+        self._connection_shard = connection_shard
+        self.reaction_pushes = 0
+        """ReactionPush records handed to the reply producer (the service's status page)."""
 
     @property
     def partition(self) -> int:
@@ -184,10 +220,7 @@ class OwnedPartition:
         now_ms = int(time.time() * 1000)
         plan = Plan()
         for offset, request in decoded:
-            if (
-                isinstance(request, PullHistoryRequest | AmendRequest)
-                and conversation_of_request(request) in plan.touched
-            ):
+            if _cuts(request, plan):
                 await self._commit(plan, offset, armed)
                 plan = Plan()
             if request is not None:
@@ -241,6 +274,11 @@ class OwnedPartition:
             self.last_checkpoint = time.monotonic()
         if self.reply_producer is not None:
             await self._reply(plan)
+            now = _monotonic_ms()
+            for reaction in plan.reactions:
+                self.reaction_merge.offer(reaction, now)
+            if plan.reactions and not self.reaction_merge.window_ms:
+                await self.flush_reactions(now)
         self.crash("committed", armed)
         self.writer.stored(appended)
         self.crash("stored", armed)
@@ -298,6 +336,48 @@ class OwnedPartition:
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:  # the records are committed: the client's retry gets the same answer
             log.warning("p%d: %d replies not delivered: %r", self.partition, len(failed), failed[0])
+
+    async def flush_reactions(self, now_ms: int | None = None) -> int:
+        """Push every ended ``reaction_push_merge_window`` (``qim.core.reactions.push``) to
+        the conversation's members on their ConnectionShards, fire-and-forget like a reply;
+        returns how many records went out."""
+        producer, shard_of = self.reply_producer, self._connection_shard
+        due = self.reaction_merge.due(_monotonic_ms() if now_ms is None else now_ms)
+        if producer is None or shard_of is None or not due:
+            return 0
+        futures: list[asyncio.Future[Any]] = []
+        for merged in due:
+            record = merged.record
+            users = self._recipients(record)
+            for push in push_records(merged, users, functools.partial(shard_of, record.tenant_id)):
+                if not 0 <= push.partition < self.topics.to_gateway_partitions:
+                    continue
+                future: asyncio.Future[Any] = await producer.send(
+                    self.topics.to_gateway,
+                    encode_reaction_push(push),
+                    key=push.key,
+                    partition=push.partition,
+                )
+                future.add_done_callback(_retrieve)
+                futures.append(future)
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        failed = [r for r in results if isinstance(r, BaseException)]
+        if failed:  # the aggregate is durable: a reader joins it with the message
+            log.warning(
+                "p%d: %d reaction pushes not delivered: %r", self.partition, len(failed), failed[0]
+            )
+        self.reaction_pushes += len(futures) - len(failed)
+        return len(futures) - len(failed)
+
+    def _recipients(self, record: MessageReacted) -> list[str]:
+        """Who may see the message's reactions now: the participants of a one-to-one
+        conversation, a group's ACTIVE members (the gateways keep those online)."""
+        if record.conversation_kind == DIRECT:
+            return list(record.participants)
+        group = self.writer.membership.group(record.tenant_id, record.conversation_id)
+        if group is None:
+            return []
+        return [user for user, row in group.rows.items() if row.active]
 
     async def _replies(
         self,

@@ -44,7 +44,7 @@ from qim.core.mailbox.values import (
 )
 from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
 from qim.schemas.records.membership import MemberSliceRecord
-from qim.schemas.records.outbox import OutboxRecord
+from qim.schemas.records.outbox import MessageReacted, OutboxRecord
 
 __all__ = ["ENTRY_COORDINATES", "AuditFinding", "DispatchAudit", "audit_dispatch"]
 
@@ -218,7 +218,9 @@ def audit_dispatch(
     later: Collection[tuple[str, bytes]] = (),
 ) -> DispatchAudit:
     """Every finding of the window (see the module docstring), sorted; empty = sound."""
-    outbox = [r for r in outbox_records if _in(tenants, r.tenant_id)]
+    outbox = [  # a reaction dispatches nothing (13.6.1), so nothing of it can be missing
+        r for r in outbox_records if not isinstance(r, MessageReacted) and _in(tenants, r.tenant_id)
+    ]
     log: list[tuple[int, GroupDispatch | MemberSliceRecord]] = [
         (p, r)
         for p, r in dispatch_records

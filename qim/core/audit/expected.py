@@ -27,7 +27,7 @@ from qim.core.mailbox.values import StoredEntry
 from qim.core.membership import MembershipLogError, ShardSlice, bitmap_bytes
 from qim.core.membership.group import GroupState
 from qim.schemas.records.dispatch import GroupDispatch
-from qim.schemas.records.outbox import GROUP, OutboxRecord
+from qim.schemas.records.outbox import GROUP, MessageReacted, OutboxRecord
 
 __all__ = ["EntryKey", "Expected", "ExpectedEntry", "expected_entries"]
 
@@ -110,6 +110,8 @@ def expected_entries(
     slices = _Slices(state)
     out = Expected()
     for record in outbox_records:
+        if isinstance(record, MessageReacted):
+            continue  # dispatches nothing (13.6.1)
         ignored = (skip is not None and skip(record)) or (
             any(record.message_id) and (record.tenant_id, record.message_id) in later
         )

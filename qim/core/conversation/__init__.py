@@ -46,7 +46,7 @@ from qim.core.conversation.membership import MembershipView, NoGroups, Target, r
 from qim.core.conversation.policy import inline_body_decision, placeholder_preview
 from qim.core.conversation.replay import replay
 from qim.core.conversation.snapshot import SNAPSHOT_FORMAT, WriterSnapshot, decode_snapshot
-from qim.core.conversation.writer import ConversationWriterState, WriterFencedError
+from qim.core.conversation.writer import ConversationWriterState, Reacted, WriterFencedError
 
 __all__ = [
     "DIRECT_PREFIX",
@@ -70,6 +70,7 @@ __all__ = [
     "HistoryLookup",
     "MembershipView",
     "NoGroups",
+    "Reacted",
     "Rejected",
     "Sequenced",
     "SequencedRecord",

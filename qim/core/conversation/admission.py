@@ -59,6 +59,7 @@ from qim.core.conversation.config import WriterLimits
 
 __all__ = [
     "CONVERSATION",
+    "REACTION",
     "SENDER_IN_CONVERSATION",
     "USER",
     "AdmissionBuckets",
@@ -66,11 +67,13 @@ __all__ = [
     "Cell",
     "Charge",
     "charges_for",
+    "reaction_charges",
 ]
 
 USER: Final = "user"
 SENDER_IN_CONVERSATION: Final = "sender"
 CONVERSATION: Final = "conversation"
+REACTION: Final = "reaction"
 
 BucketKey = tuple[str, str, str, str]
 """``(layer, tenant_id, conversation_id, user_id)``; unused parts are ``""``."""
@@ -135,6 +138,13 @@ def charges_for(
         )
     )
     return tuple(out)
+
+
+def reaction_charges(limits: WriterLimits, tenant_id: str, user_id: str) -> tuple[Charge, ...]:
+    """The one bucket of a REACT: ``per_user_reaction_rate`` (13.6.3 item 4), capacity = its
+    count (5 in a second), apart from every message bucket. Per writer partition, like L1b."""
+    rate = limits.per_user_reaction_rate
+    return (Charge((REACTION, tenant_id, "", user_id), Cell.of(rate.per_second, rate.count)),)
 
 
 class AdmissionBuckets:

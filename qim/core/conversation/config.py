@@ -39,6 +39,11 @@ class WriterLimits:
     """Spec 13.4.3 ``recall_self_window``: a sender recalls own messages within it."""
     edit_self_window_ms: int = 15 * 60_000
     """Spec 13.4.3 ``edit_self_window``: a sender edits own messages within it."""
+    per_user_reaction_rate: Rate = field(default_factory=lambda: Rate(count=5, period_ms=1000))
+    """Spec 13.6.3 item 4: REACTs per user, a bucket apart from ``per_user_msg_rate``."""
+    reaction_detail_max_members: int = 1000
+    reaction_detail_max_per_message: int = 10_000
+    reaction_detail_page_limit: int = 100
 
     def __post_init__(self) -> None:
         if self.per_user_msg_rate_burst < 1:
@@ -64,6 +69,10 @@ class WriterLimits:
             max_custom_payload_bytes=settings.max_custom_payload_bytes,
             recall_self_window_ms=settings.recall_self_window,
             edit_self_window_ms=settings.edit_self_window,
+            per_user_reaction_rate=settings.per_user_reaction_rate,
+            reaction_detail_max_members=settings.reaction_detail_max_members,
+            reaction_detail_max_per_message=settings.reaction_detail_max_per_message,
+            reaction_detail_page_limit=settings.reaction_detail_page_limit,
         )
 
 

@@ -12,6 +12,9 @@ Two functions carry all of it, and the Faust shell calls exactly these, live and
 * :meth:`~ConversationWriterState.handle_amend` decides RECALL / EDIT the same way (order in
   ``amend``): its record, :class:`~qim.schemas.records.outbox.MessageAmended`, takes a seq and
   admission tokens like a message, moves the head's preview only when it repairs it.
+* :meth:`~ConversationWriterState.handle_react` decides REACT (order in
+  ``qim.core.reactions.decide``): its record, :class:`~qim.schemas.records.outbox.MessageReacted`,
+  takes no seq and no activity id (13.6.1), only a ``per_user_reaction_rate`` token.
 * :meth:`~ConversationWriterState.apply` folds a committed outbox record into the state: the
   ConversationHead, the HLC (restored before any later assignment), the ClientDedup entry, the
   admission tokens and the per-conversation fencing maximum. Replay is ``apply`` over the outbox,
@@ -33,7 +36,7 @@ Time: ``now_ms`` is the shell's wall clock in Unix ms, an argument, never read h
 
 from __future__ import annotations
 
-from qim.core.conversation.admission import AdmissionBuckets, charges_for
+from qim.core.conversation.admission import AdmissionBuckets, charges_for, reaction_charges
 from qim.core.conversation.allocation import Coordinates, allocate
 from qim.core.conversation.amend import (
     Amended,
@@ -68,8 +71,19 @@ from qim.core.conversation.head import (
 from qim.core.conversation.membership import MembershipView, resolve_target
 from qim.core.conversation.policy import message_record
 from qim.core.conversation.snapshot import decode_snapshot, encode_snapshot
+from qim.core.history.records import MessageRecord
+from qim.core.reactions.decide import (
+    ReactionLimits,
+    ReactTarget,
+    frame_refusal,
+    reaction_record,
+    target_refusal,
+)
+from qim.core.reactions.store import PointReader
 from qim.schemas.frames.base import U128_ZERO
+from qim.schemas.frames.connection import Error
 from qim.schemas.frames.errors import ErrorCode
+from qim.schemas.frames.reactions import ReactionUpdate
 from qim.schemas.ids import (
     ClockUnsafeError,
     HlcClock,
@@ -81,12 +95,19 @@ from qim.schemas.records.membership import MembershipCommitted
 from qim.schemas.records.outbox import (
     MessageAmended,
     MessageCommitted,
+    MessageReacted,
     OutboxRecord,
     RetentionClass,
 )
-from qim.schemas.records.requests import AmendRequest, SendRequest
+from qim.schemas.records.requests import (
+    AmendRequest,
+    ReactRequest,
+    SendRequest,
+    WriterReply,
+    reply_for,
+)
 
-__all__ = ["ConversationWriterState", "WriterFencedError"]
+__all__ = ["ConversationWriterState", "Reacted", "WriterFencedError"]
 
 
 class WriterFencedError(RuntimeError):
@@ -283,6 +304,63 @@ class ConversationWriterState:
         declared = self.config.custom_types.lookup(request.tenant_id, custom_type)
         return declared is not None and len(request.new_payload) > declared.max_payload_bytes
 
+    def handle_react(
+        self,
+        request: ReactRequest,
+        now_ms: int,
+        target: ReactTarget | None,
+        original: MessageRecord | None,
+        reader: PointReader,
+        *,
+        visible: tuple[int, int | None] | None = None,
+    ) -> Rejected | Duplicate | Reacted:
+        """Decide one REACT without changing any state (order: ``qim.core.reactions.decide``).
+
+        ``target`` is the conversation if the requester belongs to it (None: not a member),
+        ``original`` the MessageRecord at the seq, ``visible`` a group member's interval;
+        ``reader`` the MessageStore under the open batch's reaction writes. A REACT that
+        changes nothing is a :class:`Duplicate` carrying the current absolute aggregate.
+        """
+        refusal = frame_refusal(request)
+        if refusal is not None:
+            return Rejected(_react_error(request, refusal[0]), refusal[1])
+        if target is None:
+            return Rejected(_react_error(request, ErrorCode.PERMISSION_DENIED), "not_a_member")
+        reason = target_refusal(original, visible)
+        if reason is not None or original is None:
+            return Rejected(_react_error(request, ErrorCode.PERMISSION_DENIED), reason or "")
+        self._check_not_fenced(self._heads.get((request.tenant_id, request.conversation_id)))
+        limits = self.config.limits_for(request.tenant_id)
+        log_now_ms = max(now_ms, hlc_ms_to_unix_ms(self.last_hlc_ms))
+        outcome = reaction_record(
+            request,
+            reader,
+            target,
+            original,
+            limits=ReactionLimits(
+                detail_max_members=limits.reaction_detail_max_members,
+                detail_max_per_message=limits.reaction_detail_max_per_message,
+                detail_page_limit=limits.reaction_detail_page_limit,
+            ),
+            committed_at=log_now_ms,
+            fencing_epoch=self._fencing_epoch,
+        )
+        if isinstance(outcome, ReactionUpdate):  # a no-op succeeds, even at the rate cap
+            return Duplicate(reply_for(request, reaction_update=outcome))
+        charges = reaction_charges(limits, request.tenant_id, request.user_id)
+        retry_after_ms = self._buckets.check(charges, log_now_ms)
+        if retry_after_ms is not None:
+            reply = _react_error(request, ErrorCode.RATE_LIMITED, retry_after_ms)
+            return Rejected(reply, "rate_limited")
+        update = ReactionUpdate(
+            conversation_id=outcome.conversation_id,
+            conversation_seq=outcome.target_conversation_seq,
+            counts=dict(outcome.counts),
+            summary_version=outcome.summary_version,
+            self_reaction_keys=outcome.self_reaction_keys,
+        )
+        return Reacted(outcome, reply_for(request, reaction_update=update))
+
     def next_coordinates(
         self, tenant_id: str, conversation_id: str, now_ms: int, *, advance_seq: bool = True
     ) -> Coordinates:
@@ -323,6 +401,8 @@ class ConversationWriterState:
         Every outbox record of the partition goes through here in log order, whatever its kind:
         a membership CONTROL message occupies a seq the next message must not reuse.
         """
+        if isinstance(record, MessageReacted):
+            return self._apply_reaction(record)
         if isinstance(record, MembershipCommitted):
             sequenced = Sequenced.of_membership(record)
             if sequenced is None:
@@ -355,6 +435,16 @@ class ConversationWriterState:
             self._buckets.evict(record.committed_at)
             self._dedup.expire(record.committed_at)
         return outcome
+
+    def _apply_reaction(self, record: MessageReacted) -> ApplyOutcome:
+        """A reaction moves no head (13.6.1): the zombie filter, then its rate token."""
+        head = self._heads.get((record.tenant_id, record.conversation_id))
+        if head is not None and record.fencing_epoch < head.fencing_epoch:
+            return ApplyOutcome.STALE_EPOCH
+        limits = self.config.limits_for(record.tenant_id)
+        charges = reaction_charges(limits, record.tenant_id, record.user_id)
+        self._buckets.debit(charges, record.committed_at)
+        return ApplyOutcome.UNSEQUENCED
 
     def _debit(self, record: MessageCommitted | MessageAmended) -> None:
         limits = self.config.limits_for(record.tenant_id)
@@ -392,6 +482,23 @@ class ConversationWriterState:
         state._dedup.load(row.split() for row in data.dedup)
         state._buckets.load(row.split() for row in data.buckets)
         return state
+
+
+class Reacted:
+    """An accepted REACT that changes the aggregate: append ``record``, then ``reply``."""
+
+    __slots__ = ("record", "reply")
+
+    def __init__(self, record: MessageReacted, reply: WriterReply) -> None:
+        self.record = record
+        self.reply = reply
+
+
+def _react_error(
+    request: ReactRequest, code: ErrorCode, retry_after_ms: int | None = None
+) -> WriterReply:
+    error = Error(code=int(code), retry_after_ms=retry_after_ms, request_id=request.request_id)
+    return reply_for(request, error=error)
 
 
 def _dedup_entry(record: MessageCommitted) -> DedupEntry:

@@ -30,7 +30,7 @@ from qim.core.fanout.state import FanoutLogError, FanoutState, NotReady
 from qim.core.membership import MembershipLogError
 from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
 from qim.schemas.records.membership import MembershipCommitted, MemberSliceRecord
-from qim.schemas.records.outbox import GROUP, OutboxRecord
+from qim.schemas.records.outbox import GROUP, MessageReacted, OutboxRecord
 
 __all__ = ["COORDINATE_FIELDS", "Finding", "FindingKind", "audit_fanout"]
 
@@ -84,6 +84,8 @@ def _expected(
     expected: dict[tuple[str, bytes], GroupDispatch] = {}
     committed: set[tuple[str, bytes]] = set()
     for record in outbox_records:
+        if isinstance(record, MessageReacted):
+            continue  # dispatches nothing (13.6.1)
         if not isinstance(record, MembershipCommitted) or record.conversation_seq >= 1:
             committed.add((record.tenant_id, record.message_id))
         try:

@@ -22,6 +22,9 @@ same records, byte for byte (spec 6.7 I-5, 10.4.2).
   when its event group would break the 6.7 caps (``qim.core.fanout.event_group``).
 * ``MessageAmended`` (recall / edit / delete): exactly like a message (its own seq, its own
   message_id in the ``dispatch_id``), built as a CONTROL dispatch (``build.amend_dispatch``).
+* ``MessageReacted``: nothing. Reactions are ``ephemeral_aggregate`` (13.6.1): no mailbox entry
+  on any shard; the ConversationWriter pushes REACTION_UPDATE to online members itself
+  (``qim.core.reactions.push``).
 
 Idempotency (ADR-0012 at-least-once): a record applied twice yields the same dispatches -- they
 depend only on the record and its pinned version, which is immutable; a redelivered membership
@@ -62,7 +65,13 @@ from qim.core.membership import GroupMembership
 from qim.schemas.frames.base import U32, U64
 from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
 from qim.schemas.records.membership import MembershipAction, MembershipCommitted
-from qim.schemas.records.outbox import DIRECT, MessageAmended, MessageCommitted, OutboxRecord
+from qim.schemas.records.outbox import (
+    DIRECT,
+    MessageAmended,
+    MessageCommitted,
+    MessageReacted,
+    OutboxRecord,
+)
 
 __all__ = ["FanoutLogError", "FanoutState", "NotReady", "NotReadyReason", "VersionInfo"]
 
@@ -176,6 +185,8 @@ class FanoutState:
         """Fold one outbox record in (log order); the records to produce, in produce order."""
         if isinstance(record, MessageCommitted | MessageAmended):
             return self._message(record)
+        if isinstance(record, MessageReacted):
+            return []  # 13.6.1: never a mailbox entry (module docstring)
         return self._membership(record)
 
     # -- messages -------------------------------------------------------------------------------

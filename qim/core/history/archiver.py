@@ -19,6 +19,12 @@ target rewritten with ``mark_recalled`` / ``mark_edited`` / ``mark_deleted`` at 
 seq. (b) reads the target: first this batch's own writes, then the store (``read``); a target
 that is gone (retention) or is another message (a foreign log) is left alone. Applied in log
 order the result is a function of the log, so live, redelivered and replayed batches converge.
+
+Reactions (spec 13.6, 7.15; layout in ``qim.core.reactions.store``): a :class:`MessageReacted`
+writes the message's ``MessageReactionSummary`` (a blind put of the record's absolute result) and
+puts or deletes the reactor's ``MessageReaction`` row; a RECALL / delete of a target physically
+deletes its summary and every detail row (13.6.4), listing them with ``keys_under`` (this
+batch's own rows first, then the store). A write with ``value`` None is a delete.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from qim.core.history.records import (
     mark_recalled,
 )
 from qim.core.history.store import OrderedWriter
+from qim.core.reactions.store import reaction_writes, removal_writes
 from qim.schemas.frames.base import U64, U128
 from qim.schemas.records.membership import (
     MEMBERSHIP_CUSTOM_TYPE,
@@ -47,7 +54,13 @@ from qim.schemas.records.membership import (
     control_of,
     encode_control,
 )
-from qim.schemas.records.outbox import AmendAction, MessageAmended, MessageCommitted, OutboxRecord
+from qim.schemas.records.outbox import (
+    AmendAction,
+    MessageAmended,
+    MessageCommitted,
+    MessageReacted,
+    OutboxRecord,
+)
 from qim.schemas.seqs import DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH, seq_bucket
 
 __all__ = [
@@ -83,13 +96,16 @@ _ENCODER = msgspec.msgpack.Encoder()
 Reader = Callable[[bytes], bytes | None]
 """Point read of the MessageStore (the target row of an amend)."""
 
+KeysUnder = Callable[[bytes], Iterable[bytes]]
+"""The MessageStore's keys under a prefix (a recalled message's reaction rows)."""
+
 
 @dataclass(frozen=True, slots=True)
 class ArchiveWrite:
-    """One blind put into the MessageStore."""
+    """One blind put into the MessageStore, or a delete when ``value`` is None."""
 
     key: bytes
-    value: bytes
+    value: bytes | None
 
 
 def message_record(
@@ -178,21 +194,36 @@ def archive_batch(
     records: Iterable[OutboxRecord],
     *,
     read: Reader | None = None,
+    keys_under: KeysUnder | None = None,
     bucket_width: int = DEFAULT_MESSAGE_SEQ_BUCKET_WIDTH,
 ) -> list[ArchiveWrite]:
     """The writes of one outbox batch, in log order (a later write of a key wins).
 
     ``read`` is the store the batch lands in, for the targets of amends (None: targets
-    outside this batch are not rewritten; only tests and tools without a store pass None).
+    outside this batch are not rewritten; only tests and tools without a store pass None);
+    ``keys_under`` lists its keys under a prefix, for the reaction rows a recall deletes.
     """
     writes: list[ArchiveWrite] = []
-    written: dict[bytes, bytes] = {}
+    written: dict[bytes, bytes | None] = {}
+
+    def present(prefix: bytes) -> list[bytes]:
+        stored = set(keys_under(prefix)) if keys_under is not None else set()
+        for key, value in written.items():
+            if key.startswith(prefix):
+                if value is None:
+                    stored.discard(key)
+                else:
+                    stored.add(key)
+        return sorted(stored)
+
+    def store(write: ArchiveWrite) -> None:
+        writes.append(write)
+        written[write.key] = write.value
 
     def put(stored: MessageRecord) -> None:
         key = message_key(stored.tenant_id, stored.conversation_id, stored.conversation_seq)
         value = encode_message_record(stored)
-        writes.append(ArchiveWrite(key, value))
-        written[key] = value
+        store(ArchiveWrite(key, value))
 
     for record in records:
         if isinstance(record, MembershipCommitted):
@@ -212,6 +243,13 @@ def archive_batch(
             target = decode_message_record(raw)
             if target.message_id == record.target_message_id:
                 put(amended_target(record, target))
+                if record.action in ("recall", "delete"):  # 13.6.4: aggregate and detail go
+                    seq = record.target_conversation_seq
+                    for w in removal_writes(record.tenant_id, record.conversation_id, seq, present):
+                        store(ArchiveWrite(w.key, w.value))
+        elif isinstance(record, MessageReacted):
+            for w in reaction_writes(record):
+                store(ArchiveWrite(w.key, w.value))
         else:
             put(message_record(record, bucket_width=bucket_width))
     return writes
@@ -220,4 +258,7 @@ def archive_batch(
 def write_all(store: OrderedWriter, writes: Iterable[ArchiveWrite]) -> None:
     """Apply writes in order (the agent does the same into one RocksDB WriteBatch)."""
     for write in writes:
-        store.put(write.key, write.value)
+        if write.value is None:
+            store.delete(write.key)
+        else:
+            store.put(write.key, write.value)

@@ -28,10 +28,15 @@ class OrderedReader(Protocol):
 
 
 class OrderedWriter(Protocol):
-    """Blind puts, the only write the HistoryArchiver needs (spec 7.4: no LWT on the path)."""
+    """Blind puts and deletes, the only writes the HistoryArchiver needs (spec 7.4: no LWT on
+    the path; a delete is a recalled message's reactions, 13.6.4)."""
 
     def put(self, key: bytes, value: bytes) -> None:
         """Insert or overwrite ``key``."""
+        ...
+
+    def delete(self, key: bytes) -> None:
+        """Remove ``key`` if present."""
         ...
 
 

@@ -37,6 +37,9 @@ With ``mailbox_sync`` the same forwarder and reader also carry login sync
 ``qim.user-requests`` at the user's MailboxShard, and ``kind="mailbox_reply"`` records of the
 to-gateway topic go to it instead of being counted as an unknown kind.
 
+``kind="reaction_push"`` records (the ConversationWriter's merged REACTION_UPDATE of one message,
+``qim.schemas.records.reactions``) go to every live session of their recipients on this node.
+
 ``kind="push_batch"`` records (the MailboxNode's PushBatch, spec 11.1) are expanded against
 this node's live connections (:func:`~qim.core.push.expand_batch`, keyed by ``conn_id``, the
 ``connection_id`` the presence entry carries); each delivery goes to that connection's
@@ -76,12 +79,14 @@ from qim.params.values import Rate
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, SendMessage, for_code
 from qim.schemas.frames.control import ConversationState, MarkRead
 from qim.schemas.frames.history import PullHistory, PullSessionList
+from qim.schemas.frames.reactions import ReactionUpdate
 from qim.schemas.records.push import (
     PresenceStale,
     PushBatch,
     decode_to_gateway,
     encode_push_record,
 )
+from qim.schemas.records.reactions import decode_reaction_push
 from qim.streams.producer import replaced_counter
 
 if TYPE_CHECKING:
@@ -365,6 +370,10 @@ class ConversationRouter:
             verdict = self.push(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
             return verdict
+        if value and resolved.kind == "reaction_push":
+            verdict = self.push_reactions(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
         self.metrics.records.labels(kind=resolved.kind, result=resolved.verdict.value).inc()
         reply = resolved.reply
         if reply is None:
@@ -402,6 +411,25 @@ class ConversationRouter:
         for stale in expansion.stale:
             self._report_stale(stale)
         return ReplyVerdict.DELIVER if expansion.deliveries else ReplyVerdict.NO_SESSION
+
+    def push_reactions(self, value: bytes) -> ReplyVerdict:
+        """One ReactionPush: a REACTION_UPDATE to every live session of its recipients here
+        (13.6.3 item 1: online members only; the others read the aggregate with the message)."""
+        try:
+            push = decode_reaction_push(value)
+        except (msgspec.DecodeError, ValueError):
+            return ReplyVerdict.MALFORMED
+        delivered = False
+        for user in push.recipients:
+            frame: ReactionUpdate | None = None
+            for slot in self._registry.devices(push.tenant_id, user).values():
+                conn = slot.conn
+                if conn.closing or conn.session.closed or conn.session.grant is None:
+                    continue
+                frame = frame or push.update_for(user)
+                conn.apply([Send(frame, version=conn.session.version)])
+                delivered = True
+        return ReplyVerdict.DELIVER if delivered else ReplyVerdict.NO_SESSION
 
     def _report_stale(self, stale: PresenceStale) -> None:
         mailbox = self.mailbox

@@ -36,6 +36,8 @@ from qim.schemas.frames import (
     LeaveGroup,
     PullHistory,
     PullMembers,
+    PullReactions,
+    React,
     Recall,
     SendMessage,
 )
@@ -47,6 +49,8 @@ from qim.schemas.records.requests import (
     LeaveGroupRequest,
     PullHistoryRequest,
     PullMembersRequest,
+    PullReactionsRequest,
+    ReactRequest,
     SendRequest,
     conversation_partition,
     encode_record,
@@ -62,8 +66,10 @@ ROUTED_FRAMES: Final = (
     PullMembers,
     CreateGroup,
     LeaveGroup,
+    React,
+    PullReactions,
 )
-"""The request frames the ConversationWriter answers (A.3 #4, #5, #8, #9, #20, #21, #22)."""
+"""The request frames the ConversationWriter answers (A.3 #4, #5, #8, #9, #18-#22)."""
 
 _KINDS: Final[dict[type[Body], str]] = {
     SendMessage: "send",
@@ -73,6 +79,8 @@ _KINDS: Final[dict[type[Body], str]] = {
     PullMembers: "pull_members",
     CreateGroup: "create_group",
     LeaveGroup: "leave_group",
+    React: "react",
+    PullReactions: "pull_reactions",
 }
 
 
@@ -122,7 +130,9 @@ def route_frame(
     rid = frame.header.request_id
     if not isinstance(body, ROUTED_FRAMES):
         return None
-    if isinstance(body, SendMessage | PullHistory | PullMembers | Recall | Edit):
+    if isinstance(
+        body, SendMessage | PullHistory | PullMembers | Recall | Edit | React | PullReactions
+    ):
         conversation = body.conversation_id
     else:
         conversation = body.group_id
@@ -137,7 +147,15 @@ def route_frame(
 
 
 def _envelope(
-    body: SendMessage | PullHistory | Recall | Edit | PullMembers | CreateGroup | LeaveGroup,
+    body: SendMessage
+    | PullHistory
+    | Recall
+    | Edit
+    | PullMembers
+    | CreateGroup
+    | LeaveGroup
+    | React
+    | PullReactions,
     grant: AuthGrant,
     shard: int,
     rid: int,
@@ -172,6 +190,33 @@ def _envelope(
             conversation_id=body.conversation_id,
             target_conversation_seq=body.target_conversation_seq,
             new_payload=body.new_payload if isinstance(body, Edit) else b"",
+        )
+    if isinstance(body, React):
+        return ReactRequest(
+            tenant_id=tenant,
+            user_id=user,
+            device_id=device,
+            session_epoch=epoch,
+            connection_shard=shard,
+            request_id=rid,
+            conversation_id=body.conversation_id,
+            conversation_seq=body.conversation_seq,
+            reaction_key=body.reaction_key,
+            action=body.action,
+        )
+    if isinstance(body, PullReactions):
+        return PullReactionsRequest(
+            tenant_id=tenant,
+            user_id=user,
+            device_id=device,
+            session_epoch=epoch,
+            connection_shard=shard,
+            request_id=rid,
+            conversation_id=body.conversation_id,
+            conversation_seq=body.conversation_seq,
+            reaction_key=body.reaction_key,
+            offset=body.offset,
+            limit=body.limit,
         )
     envelope: type[PullHistoryRequest | PullMembersRequest | CreateGroupRequest | LeaveGroupRequest]
     if isinstance(body, PullHistory):

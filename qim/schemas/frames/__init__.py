@@ -133,7 +133,13 @@ from qim.schemas.frames.opcodes import (
     check_direction,
     spec_for_model,
 )
-from qim.schemas.frames.reactions import PullReactions, React, ReactionList, ReactionUpdate
+from qim.schemas.frames.reactions import (
+    MessageReactions,
+    PullReactions,
+    React,
+    ReactionList,
+    ReactionUpdate,
+)
 from qim.schemas.frames.room import RoomBatch, RoomEvent, RoomJoin, RoomLeave, RoomReplay
 from qim.schemas.frames.rtc import RtcSignal
 
@@ -201,6 +207,7 @@ __all__ = [
     "Member",
     "MemberListBatch",
     "MentionType",
+    "MessageReactions",
     "OneTimePreKey",
     "OnlineReady",
     "Ping",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from qim.schemas.frames.base import I32, U8, U32, U64, U128, U128_ZERO, Body
 from qim.schemas.frames.mailbox import MediaMetadata
+from qim.schemas.frames.reactions import MessageReactions
 
 __all__ = [
     "BadgeUpdate",
@@ -55,6 +56,8 @@ class HistoryMessage(Body):
     recall_event_conversation_seq: U64 | None = None
     edited_at_activity_id: U128 | None = None
     created_at: U64 = 0
+    reactions: MessageReactions | None = None
+    """The message's reaction aggregate (13.6.4 read-time join); None when it has none."""
 
 
 class HistoryBatch(Body):

@@ -9,7 +9,7 @@ import msgspec
 
 from qim.schemas.frames.base import U32, U64, Body
 
-__all__ = ["PullReactions", "React", "ReactionList", "ReactionUpdate"]
+__all__ = ["MessageReactions", "PullReactions", "React", "ReactionList", "ReactionUpdate"]
 
 
 class React(Body):
@@ -47,3 +47,17 @@ class ReactionList(Body):
     users: tuple[str, ...] = ()
     total: U32 = 0
     has_more: bool = False
+
+
+class MessageReactions(Body):
+    """The aggregate joined onto a message at read time (18.3.1; ``HistoryMessage.reactions``).
+
+    Not a frame of Appendix A: the shape of ``REACTION_UPDATE`` minus the coordinates (the
+    message carries them), so a device that reads history applies it like a pushed frame: only
+    if ``summary_version`` is newer than what it holds. ``self_reaction_keys`` are the
+    requester's, filled at read time (7.15), never stored.
+    """
+
+    counts: dict[str, U32] = msgspec.field(default_factory=dict)
+    summary_version: U64 = 0
+    self_reaction_keys: tuple[str, ...] = ()

@@ -33,7 +33,7 @@ from typing import Final, Literal, TypeAlias
 
 import msgspec
 
-from qim.schemas.frames.base import U8, U32, U64, U128, EntryFlags
+from qim.schemas.frames.base import U8, U32, U64, U128, U128_ZERO, EntryFlags
 from qim.schemas.records.membership import MembershipCommitted
 
 __all__ = [
@@ -41,13 +41,16 @@ __all__ = [
     "DIRECT",
     "GROUP",
     "MESSAGE_FLAGS",
+    "REACTION_ACTIONS",
     "RETENTION_CLASSES",
     "AmendAction",
     "ConversationKind",
     "MessageAmended",
     "MessageCommitted",
+    "MessageReacted",
     "OutboxRecord",
     "PreviewPlaceholder",
+    "ReactionAction",
     "RetentionClass",
     "decode_outbox_record",
     "encode_outbox_record",
@@ -199,8 +202,80 @@ class MessageAmended(
     fencing_epoch: U64 = 0
 
 
-OutboxRecord: TypeAlias = MessageCommitted | MembershipCommitted | MessageAmended
-"""Every kind of the outbox topic (tag field ``kind``: ``message``, ``membership``, ``amend``)."""
+ReactionAction: TypeAlias = Literal["add", "remove"]
+REACTION_ACTIONS: Final[tuple[str, ...]] = ("add", "remove")
+
+
+class MessageReacted(
+    msgspec.Struct,
+    kw_only=True,
+    omit_defaults=True,
+    frozen=True,
+    forbid_unknown_fields=False,
+    tag_field="kind",
+    tag="reaction",
+):
+    """A committed REACT that changed the aggregate of one message (spec 13.6, 7.15).
+
+    Delivery class ``ephemeral_aggregate`` (13.6.1): it takes no ``conversation_seq`` and no
+    ``last_activity_id`` (it adds no timeline row and never reorders the session list), so the
+    head does not move; only a REACT that changes something is appended (a repeated add or a
+    remove of nothing is answered and leaves no record, 13.6.2). The record carries the
+    **result**, not only the delta: ``counts`` is the message's full map after the change and
+    ``summary_version`` its new version, so the MessageStore's ``MessageReactionSummary`` is a
+    blind put of the record (replay rewrites identical bytes) and every consumer could push the
+    absolute frame without a lookup. ``detail`` says whether the ``MessageReaction`` row of
+    ``(user_id, reaction_key)`` is written (add) or deleted (remove): False once the message
+    reached ``reaction_detail_max_per_message`` rows (7.15: only the aggregate grows);
+    ``detail_rows`` is the message's row count after the change and ``detail_complete`` false
+    once an add went without a row.
+    ``self_reaction_keys`` are the reactor's keys on the message after the change (the reply's
+    and the reactor's other devices' REACTION_UPDATE). ``target_message_id`` guards against a
+    foreign log like an amend's. ``committed_at`` is the writer's log time (the detail row's
+    ``created_at`` and the admission debit of ``per_user_reaction_rate``).
+    """
+
+    tenant_id: str
+    conversation_id: str
+    conversation_kind: ConversationKind
+    participants: tuple[str, ...] = ()
+    target_conversation_seq: U64
+    target_message_id: U128
+    user_id: str
+    origin_device_id: str = ""
+    reaction_key: str
+    action: ReactionAction
+    counts: dict[str, U32] = msgspec.field(default_factory=dict)
+    summary_version: U64
+    detail: bool = True
+    detail_rows: U32 = 0
+    detail_complete: bool = True
+    self_reaction_keys: tuple[str, ...] = ()
+    membership_version: U64 = 0
+    member_count: U32
+    committed_at: U64
+    fencing_epoch: U64 = 0
+
+    @property
+    def conversation_seq(self) -> int:
+        """0: a reaction occupies no seq (13.6.1), like an earlier create chunk."""
+        return 0
+
+    @property
+    def message_id(self) -> bytes:
+        """All zeros: a reaction is no message and has no id of its own (the target's is
+        ``target_message_id``)."""
+        return U128_ZERO
+
+    @property
+    def last_activity_id(self) -> bytes:
+        """All zeros: a reaction never moves the session order (13.6.1)."""
+        return U128_ZERO
+
+
+OutboxRecord: TypeAlias = MessageCommitted | MembershipCommitted | MessageAmended | MessageReacted
+"""Every kind of the outbox topic (tag field ``kind``: ``message``, ``membership``, ``amend``,
+``reaction``)."""
 
 _DECODER: msgspec.msgpack.Decoder[OutboxRecord] = msgspec.msgpack.Decoder(OutboxRecord)
 _ENCODER = msgspec.msgpack.Encoder()

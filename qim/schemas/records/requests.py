@@ -34,6 +34,7 @@ from qim.schemas.frames.members import (
     PullMembers,
 )
 from qim.schemas.frames.messaging import SendAck, SendMessage
+from qim.schemas.frames.reactions import ReactionList, ReactionUpdate
 from qim.schemas.hashing import blake3_digest, hash_input, validate_identifier
 
 __all__ = [
@@ -47,6 +48,8 @@ __all__ = [
     "LeaveGroupRequest",
     "PullHistoryRequest",
     "PullMembersRequest",
+    "PullReactionsRequest",
+    "ReactRequest",
     "SendRequest",
     "WriterReply",
     "conversation_key",
@@ -162,6 +165,37 @@ class AmendRequest(_FromSession, tag="amend", kw_only=True, frozen=True):
         return conversation_key(self.tenant_id, self.conversation_id)
 
 
+class ReactRequest(_FromSession, tag="react", kw_only=True, frozen=True):
+    """REACT (spec 13.6.2, A.3 #18), the frame's fields flattened; ``user_id`` from the session.
+
+    Answered with ``WriterReply.reaction_update``: the message's absolute aggregate after the
+    request (with the reactor's ``self_reaction_keys``), also when nothing changed, or ERROR.
+    """
+
+    conversation_id: str
+    conversation_seq: U64
+    reaction_key: str
+    action: str
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.conversation_id)
+
+
+class PullReactionsRequest(_FromSession, tag="pull_reactions", kw_only=True, frozen=True):
+    """PULL_REACTIONS (A.3 #19), answered with ``WriterReply.reaction_list`` (REACTION_LIST)."""
+
+    conversation_id: str
+    conversation_seq: U64
+    reaction_key: str
+    offset: U32 = 0
+    limit: U32 = 0
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.conversation_id)
+
+
 class PullMembersRequest(_FromSession, tag="pull_members", kw_only=True, frozen=True):
     """PULL_MEMBERS, answered with ``WriterReply.members`` (spec A.3 #20)."""
 
@@ -227,6 +261,8 @@ ConversationRequest: TypeAlias = (
     | CreateGroupRequest
     | LeaveGroupRequest
     | AdminGroupRequest
+    | ReactRequest
+    | PullReactionsRequest
 )
 """Every kind of the conversation-requests topic. Add a kind: a ``_Record`` subclass with its own
 ``tag`` here; old consumers reject an unknown tag, so deploy consumers before producers."""
@@ -249,8 +285,8 @@ class AdminReply(_Record, tag="admin_reply", kw_only=True, frozen=True):
 class WriterReply(_Record, tag="reply", kw_only=True, frozen=True):
     """A reply to one request, for the gateway owning ``connection_shard`` to write as a frame.
 
-    Exactly one of ``send_ack`` / ``error`` / ``history`` / ``members`` is set (checked on
-    construction and on decode).
+    Exactly one of ``send_ack`` / ``error`` / ``history`` / ``members`` / ``reaction_update`` /
+    ``reaction_list`` is set (checked on construction and on decode).
     """
 
     tenant_id: str
@@ -263,18 +299,41 @@ class WriterReply(_Record, tag="reply", kw_only=True, frozen=True):
     error: Error | None = None
     history: HistoryBatch | None = None
     members: MemberListBatch | None = None
+    reaction_update: ReactionUpdate | None = None
+    reaction_list: ReactionList | None = None
 
     def __post_init__(self) -> None:
-        bodies = (self.send_ack, self.error, self.history, self.members)
-        if sum(b is not None for b in bodies) != 1:
+        if sum(b is not None for b in self._bodies()) != 1:
             raise ValueError(
-                "a WriterReply carries exactly one of send_ack, error, history and members"
+                "a WriterReply carries exactly one of send_ack, error, history, members,"
+                " reaction_update and reaction_list"
             )
 
+    def _bodies(
+        self,
+    ) -> tuple[
+        SendAck | None,
+        Error | None,
+        HistoryBatch | None,
+        MemberListBatch | None,
+        ReactionUpdate | None,
+        ReactionList | None,
+    ]:
+        return (
+            self.send_ack,
+            self.error,
+            self.history,
+            self.members,
+            self.reaction_update,
+            self.reaction_list,
+        )
+
     @property
-    def body(self) -> SendAck | Error | HistoryBatch | MemberListBatch:
+    def body(
+        self,
+    ) -> SendAck | Error | HistoryBatch | MemberListBatch | ReactionUpdate | ReactionList:
         """The frame body the gateway writes to the connection."""
-        for b in (self.send_ack, self.error, self.history, self.members):
+        for b in self._bodies():
             if b is not None:
                 return b
         raise AssertionError("unreachable: checked in __post_init__")
@@ -296,6 +355,8 @@ def reply_for(
     error: Error | None = None,
     history: HistoryBatch | None = None,
     members: MemberListBatch | None = None,
+    reaction_update: ReactionUpdate | None = None,
+    reaction_list: ReactionList | None = None,
 ) -> WriterReply:
     """The reply to ``request``, addressed to the connection that sent it (a send names its
     sender and device; a session request its session's user and device)."""
@@ -314,6 +375,8 @@ def reply_for(
         error=error,
         history=history,
         members=members,
+        reaction_update=reaction_update,
+        reaction_list=reaction_list,
     )
 
 

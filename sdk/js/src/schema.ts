@@ -1118,6 +1118,36 @@ export const SCHEMA: SchemaTable = {
     "created_at",
     "u",
     0
+   ],
+   [
+    "reactions",
+    {
+     "opt": {
+      "struct": "MessageReactions"
+     }
+    },
+    null
+   ]
+  ],
+  "MessageReactions": [
+   [
+    "counts",
+    {
+     "map": "u"
+    },
+    null
+   ],
+   [
+    "summary_version",
+    "u",
+    0
+   ],
+   [
+    "self_reaction_keys",
+    {
+     "list": "s"
+    },
+    null
    ]
   ],
   "PullSessionList": [

@@ -46,6 +46,7 @@ from qim.schemas.records.outbox import (
     GROUP,
     MessageAmended,
     MessageCommitted,
+    MessageReacted,
     OutboxRecord,
 )
 from qim.schemas.routing import mailbox_shard_id, user_bucket
@@ -297,6 +298,8 @@ class IntervalModel:
                 Delivery(u, EventType.MESSAGE, _mention(record.mention_targets, u)) for u in users
             }
             return
+        if isinstance(record, MessageReacted):
+            return  # a reaction is no mailbox entry (13.6.1)
         seq = record.conversation_seq
         if record.action == MembershipAction.CREATE:
             joined = [record.actor] if record.chunk_index == 0 else []

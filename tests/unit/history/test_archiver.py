@@ -35,7 +35,7 @@ def test_7_1_committed_message_becomes_its_message_record() -> None:
     assert record.sender_device_id == "d1" and record.client_message_id is None
     assert record.custom_type is None and record.payload_or_ciphertext == b"body"
     ((key, value),) = [(w.key, w.value) for w in archive_batch([msg])]
-    assert key == message_key(T, C, 10_000)
+    assert key == message_key(T, C, 10_000) and value is not None
     assert decode_message_record(value) == record
 
 
@@ -62,6 +62,7 @@ def test_A3_22_membership_control_message_is_archived_create_is_not() -> None:
     create, leave = log
     assert archive_batch([create]) == []  # a create occupies no seq (A.3 #21)
     ((write),) = archive_batch([leave])
+    assert write.value is not None
     record = decode_message_record(write.value)
     assert write.key == message_key(T, C, 10)
     assert record.message_type == MESSAGE_TYPE_CONTROL
