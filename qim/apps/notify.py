@@ -22,6 +22,7 @@ and the tests point them at the stand-ins of ``qim.devstack.push_standins``.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 from typing import Any
@@ -48,6 +49,7 @@ from qim.schemas.records.notify import DeviceKey
 from qim.streams.topics import DEVICE_TOKEN_COMMANDS, DEVICE_TOKEN_DIGEST, PUSH_TASKS
 
 app = make_app("qim-notify")
+log = logging.getLogger(__name__)
 _settings = Settings.load()
 PARTITIONS = _settings.mailbox_shard_count
 
@@ -87,13 +89,22 @@ def _now_ms() -> int:
 
 
 def _providers() -> dict[str, PushProvider]:
+    """The configured providers. One whose credentials are missing or unreadable is left out
+    (logged): its pushes fail as ``provider_not_configured``, the worker still serves the
+    rest (registration, the other provider, the digest)."""
     found: dict[str, PushProvider] = {}
-    apns = ApnsConfig.from_env(os.environ)
-    if apns is not None:
-        found["APNS"] = ApnsProvider(apns)
-    fcm = FcmConfig.from_env(os.environ)
-    if fcm is not None:
-        found["FCM"] = FcmProvider(fcm)
+    try:
+        apns = ApnsConfig.from_env(os.environ)
+        if apns is not None:
+            found["APNS"] = ApnsProvider(apns)
+    except (OSError, KeyError, ValueError):
+        log.exception("APNs provider not configured")
+    try:
+        fcm = FcmConfig.from_env(os.environ)
+        if fcm is not None:
+            found["FCM"] = FcmProvider(fcm)
+    except (OSError, KeyError, ValueError):
+        log.exception("FCM provider not configured")
     return found
 
 

@@ -306,3 +306,50 @@ async def test_fcm_device_gets_the_push_with_oauth_bearer_and_notification_count
 def test_the_stack_declares_the_notify_worker_and_standins(stack: Stack) -> None:
     assert any(w.module == "qim.apps.notify" for w in stack.cfg.workers)
     assert Path(stack.cfg.env()["QIM_APNS_CA_FILE"]).name == "standin-cert.pem"
+
+
+async def _registered(h: Harness, user: str, token: str) -> None:
+    access, epoch = await h.login(user, "phone")
+    assert (await h.register(access, _apns("phone", epoch, token)))[0] == 200
+    key = DeviceKey(h.tenant, user, "phone")
+    await h.digests(key, key)
+
+
+async def test_ten_messages_in_one_window_make_one_immediate_and_one_merged_notification(
+    harness: Harness,
+) -> None:
+    h = harness
+    token = "f5" * 32
+    await _registered(h, "frank", token)
+    for i in range(10):
+        await h.push(
+            "frank", "phone", event_id=f"e{i}", mailbox_seq=i + 1, conversation_id="g",
+            total_unread=i + 1, badge_projection_mailbox_seq=i + 1,
+        )  # fmt: skip
+    await h.push("frank", "phone", event_id="e0", mailbox_seq=1, conversation_id="g")  # a replay
+    got = await h.wait_received(token, 2)
+    first, merged = got[0]["payload"], got[1]["payload"]
+    assert first["aps"]["alert"]["body"] == "New message" and first["aps"]["badge"] == 1
+    assert merged["aps"]["alert"]["body"] == "9 new messages" and merged["aps"]["badge"] == 10
+    assert got[0]["headers"]["apns-collapse-id"] == got[1]["headers"]["apns-collapse-id"]
+    # the merged one came after the replay of e0 was consumed: nothing else was sent
+    assert len(await h.received(token)) == 2
+
+
+async def test_the_eleventh_alert_in_a_minute_becomes_a_silent_badge_update(
+    harness: Harness,
+) -> None:
+    h = harness
+    token = "a6" * 32
+    await _registered(h, "gina", token)
+    for i in range(11):
+        await h.push(
+            "gina", "phone", event_id=f"e{i}", mailbox_seq=i + 1, conversation_id=f"c{i}",
+            total_unread=i + 1, badge_projection_mailbox_seq=i + 1,
+        )  # fmt: skip
+    got = await h.wait_received(token, 11)
+    # the 11 deliveries run concurrently: compare as a set, not in arrival order
+    silent = [g for g in got if g["headers"]["apns-push-type"] == "background"]
+    assert len(silent) == 1 and len(got) == 11
+    assert silent[0]["payload"]["aps"] == {"badge": 11, "content-available": 1}
+    assert silent[0]["payload"]["event_id"] == "e10"
