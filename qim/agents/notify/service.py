@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from prometheus_client import CollectorRegistry, Counter
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from qim.agents.notify.delivery import Delivery, deliver, notification_for
 from qim.agents.notify.providers import PushProvider
@@ -98,6 +99,24 @@ class NotifyService:
             ["result"],
             registry=self.registry,
         )
+        self.latency = Histogram(
+            "offline_push_latency_seconds",
+            "Message commit -> the provider accepted the push (24.1.8 offline_push_latency_p95).",
+            buckets=(0.25, 0.5, 1, 2, 3, 5, 8, 15, 30, 60),
+            registry=self.registry,
+        )
+        Gauge(
+            "offline_push_accepted_ratio",
+            "Pushes the provider accepted / pushes handed to it (24.1.8; NaN before any).",
+            registry=self.registry,
+        ).set_function(lambda: self._ratio("delivered"))
+        Gauge(
+            "device_token_invalid_ratio",
+            "Pushes the provider answered 'token invalid' (deleted) / pushes handed to it "
+            "(24.1.8; NaN before any).",
+            registry=self.registry,
+        ).set_function(lambda: self._ratio("delete_token"))
+        self.verdicts: dict[str, int] = {}
         self.pushes = Counter(
             "offline_push_attempts",
             "Pushes handed to a provider, by provider, kind and final verdict (24.1.8 "
@@ -231,6 +250,10 @@ class NotifyService:
             self.pushes.labels(token.provider, send.kind, "crashed").inc()
             return
         self.pushes.labels(token.provider, send.kind, result.outcome).inc()
+        self.verdicts[result.outcome] = self.verdicts.get(result.outcome, 0) + 1
+        task = self.last_task.get(key)
+        if result.outcome == "delivered" and task is not None and task.committed_at > 0:
+            self.latency.observe(max(0.0, (self.now_ms() - task.committed_at) / 1000.0))
         if result.outcome == "delete_token":
             delete = DeviceTokenDelete(
                 request_id=f"provider:{send.event_id}",
@@ -242,6 +265,10 @@ class NotifyService:
                 at_ms=self.now_ms(),
             )
             await self.send(self.commands_topic, key, encode(delete), partition)
+
+    def _ratio(self, outcome: str) -> float:
+        total = sum(self.verdicts.values())
+        return self.verdicts.get(outcome, 0) / total if total else math.nan
 
     def due_flushes(self, now_ms: int) -> list[tuple[bytes, int, int]]:
         """(key, partition, due) of every device whose merge window ended."""
