@@ -354,6 +354,25 @@ def topology(check: bool) -> None:
     click.echo(f"wrote {topo.TOPOLOGY_MD}")
 
 
+@main.command("push-standins")
+@click.option("--base", type=click.Path(path_type=Path), required=True, help="Credentials folder.")
+@click.option("--apns-port", type=int, required=True, help="APNs production stand-in (HTTP/2).")
+@click.option("--apns-sandbox-port", type=int, required=True, help="APNs sandbox stand-in.")
+@click.option("--fcm-port", type=int, required=True, help="FCM v1 + OAuth + control (HTTP/1.1).")
+def push_standins(base: Path, apns_port: int, apns_sandbox_port: int, fcm_port: int) -> None:
+    """Run the local APNs and FCM stand-ins on 127.0.0.1 until stopped (spec 16, issue 17)."""
+    import asyncio
+
+    from qim.devstack.push_standins import run_forever
+
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(
+            run_forever(
+                base, apns_port=apns_port, apns_sandbox_port=apns_sandbox_port, fcm_port=fcm_port
+            )
+        )
+
+
 main.add_command(token)
 main.add_command(gateway)
 main.add_command(group)

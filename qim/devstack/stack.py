@@ -155,6 +155,20 @@ class AdminSpec:
 
 
 @dataclass(frozen=True)
+class PushStandinSpec:
+    """The APNs (HTTP/2, production and sandbox) and FCM stand-ins (`qim push-standins`)."""
+
+    name: str = "push-standins"
+    apns_port: int = 16443
+    apns_sandbox_port: int = 16444
+    fcm_port: int = 16445
+
+    @property
+    def control_url(self) -> str:
+        return f"http://127.0.0.1:{self.fcm_port}/control"
+
+
+@dataclass(frozen=True)
 class StackConfig:
     base_dir: Path = LOCAL_BASE_DIR
     kafka_port: int = 19092
@@ -165,9 +179,11 @@ class StackConfig:
     workers: tuple[WorkerSpec, ...] = (
         WorkerSpec("conversation-1", "qim.apps.conversation", 16066),
         WorkerSpec("mailbox-1", "qim.apps.mailbox", 16067),
+        WorkerSpec("notify-1", "qim.apps.notify", 16068),
     )
     gateways: tuple[GatewaySpec, ...] = (GatewaySpec(),)
     admins: tuple[AdminSpec, ...] = (AdminSpec(),)
+    push_standins: PushStandinSpec = PushStandinSpec()
 
     @property
     def kafka(self) -> kafka.KafkaConfig:
@@ -195,7 +211,18 @@ class StackConfig:
             "QIM_ADMIN_SECRET": self.admin_secret(),
             # one JSON object per log line (qim.observability.logging)
             "QIM_LOG_FORMAT": "json",
+            # the NotificationService's token sealing keys and its providers -> the stand-ins
+            "QIM_PUSH_TOKEN_KEYS_FILE": str(self.base_dir / "push-token-keys"),
+            **self.push_env(),
         }
+
+    def push_env(self) -> dict[str, str]:
+        from qim.devstack.push_standins import DevPushCredentials
+
+        p = self.push_standins
+        return DevPushCredentials(self.base_dir / "push").env(
+            apns_port=p.apns_port, apns_sandbox_port=p.apns_sandbox_port, fcm_port=p.fcm_port
+        )
 
     def admin_secret(self) -> str:
         """The development admin secret, made once under the stack folder (never a default)."""
@@ -224,6 +251,12 @@ class StackConfig:
             admins=tuple(
                 replace(a, port=procs.free_port(), dev_web_port=procs.free_port())
                 for a in self.admins
+            ),
+            push_standins=replace(
+                self.push_standins,
+                apns_port=procs.free_port(),
+                apns_sandbox_port=procs.free_port(),
+                fcm_port=procs.free_port(),
             ),
         )
 
@@ -412,9 +445,32 @@ class Stack:
     def stop_admin(self, a: AdminSpec) -> bool:
         return procs.stop_pid(self._admin_dir(a) / "admin.pid", timeout_s=30.0)
 
+    def _standins_dir(self) -> Path:
+        return self.cfg.base_dir / "push"
+
+    def start_push_standins(self, *, timeout_s: float = 60.0) -> None:
+        """The APNs and FCM stand-ins; they make the development push credentials first."""
+        from qim.devstack.push_standins import ensure_dev_credentials
+
+        p = self.cfg.push_standins
+        ensure_dev_credentials(self._standins_dir(), fcm_port=p.fcm_port)
+        argv = [
+            "push-standins", "--base", str(self._standins_dir()),
+            "--apns-port", str(p.apns_port), "--apns-sandbox-port", str(p.apns_sandbox_port),
+            "--fcm-port", str(p.fcm_port),
+        ]  # fmt: skip
+        d = self._standins_dir()
+        self._run_listener(
+            p.name, argv, d / "standins.pid", d / "standins.log", p.fcm_port, timeout_s
+        )
+
+    def stop_push_standins(self) -> bool:
+        return procs.stop_pid(self._standins_dir() / "standins.pid", timeout_s=30.0)
+
     def up(self) -> None:
         self.record_partitions()
         self.start_services()
+        self.start_push_standins()
         for w in self.cfg.workers:
             self.start_worker(w)
         for g in self.cfg.gateways:
@@ -443,6 +499,7 @@ class Stack:
             self.stop_gateway(g)
         for w in self.cfg.workers:
             self.stop_worker(w)
+        self.stop_push_standins()
         kafka.stop(self.cfg.kafka)
         redis.stop(self.cfg.redis)
 

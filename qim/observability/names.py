@@ -34,9 +34,9 @@ __all__ = [
     "known_names",
 ]
 
-Process = Literal["gateway", "conversation", "mailbox"]
+Process = Literal["gateway", "conversation", "mailbox", "notify"]
 Status = Literal["exported", "declared", "pending"]
-PROCESSES: Final[tuple[Process, ...]] = ("gateway", "conversation", "mailbox")
+PROCESSES: Final[tuple[Process, ...]] = ("gateway", "conversation", "mailbox", "notify")
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,7 +224,20 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
     _m("mailbox_dirty_sent_total", "24.1.6", "gateway"),
     _m("push_drop_by_priority_total", "24.1.6", "gateway"),
     _m("push_batch_fanout_ratio", "24.1.6", "mailbox"),
-    _pending("device_token_digest_lag", "24.1.6", "offline push not built"),
+    # the MailboxNode's digest cache (qim/agents/mailbox/offline_push.py)
+    _m("device_token_digest_lag", "24.1.6", "mailbox"),
+    # 24.1.8 Offline push and badge (the NotificationService, qim/agents/notify/service.py)
+    _m("offline_push_accepted_ratio", "24.1.8", "notify"),
+    _m(
+        "offline_push_latency_p95",
+        "24.1.8",
+        "notify",
+        ("offline_push_latency_seconds",),
+        note="commit (the PushTask's committed_at) -> the provider accepted it",
+    ),
+    _m("device_token_invalid_ratio", "24.1.8", "notify"),
+    _pending("offline_push_arrival_ratio", "24.1.8", "client receipts need SDK telemetry"),
+    _pending("badge_mismatch_ratio", "24.1.8", "the sampled badge recompute is not built"),
     # 24.1.7 Heartbeat and liveness (ConnectionNode)
     _m("heartbeat_pps", "24.1.7", "gateway"),
     _m("ping_interval_effective", "24.1.7", "gateway"),

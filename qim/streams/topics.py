@@ -134,6 +134,37 @@ USER_QUOTA = TopicSpec(
     producer="MailboxNode (when a user's conversation count crosses max_conversations_per_user)",
     consumer="ConversationWriter (every worker reads every partition from the start, no group)",
 )
+DEVICE_TOKEN_COMMANDS = TopicSpec(
+    name="qim.device-token-commands",
+    partitions_param="mailbox_shard_count",
+    partitioned_by="explicit partition = mailbox_shard_id of the user",
+    key="(tenant, user_id, device_id)",
+    cleanup="delete",
+    retention_ms=DAY_MS,
+    producer="device-token HTTP API (token sealed), NotificationService (410 deletions)",
+    consumer="NotificationService (`device_token_commands` agent -> `device_tokens` table)",
+)
+DEVICE_TOKEN_DIGEST = TopicSpec(
+    name="qim.device-token-digest",
+    partitions_param="mailbox_shard_count",
+    partitioned_by="explicit partition = mailbox_shard_id of the user",
+    key="(tenant, user_id, device_id)",
+    cleanup="compact",
+    retention_ms=None,
+    producer="NotificationService (sole writer; null value = tombstone, no token in it)",
+    consumer="MailboxNode (local digest cache for D(user), spec 16.6)",
+)
+PUSH_TASKS = TopicSpec(
+    name="qim.push-tasks",
+    partitions_param="mailbox_shard_count",
+    partitioned_by="explicit partition = mailbox_shard_id of the user",
+    key="(tenant, user_id, device_id)",
+    cleanup="delete",
+    retention_ms=HOUR_MS,
+    producer="MailboxNode (after materialization, per offline device), NotificationService "
+    "(merge-window flush ticks)",
+    consumer="NotificationService (`push_tasks` agent)",
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONVERSATION_REQUESTS,
@@ -145,4 +176,7 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     WRITER_SNAPSHOTS,
     ADMIN_REPLIES,
     USER_QUOTA,
+    DEVICE_TOKEN_COMMANDS,
+    DEVICE_TOKEN_DIGEST,
+    PUSH_TASKS,
 )

@@ -82,10 +82,12 @@ def families(text: str) -> set[str]:
 def scrape_urls(stack: Stack) -> dict[Process, str]:
     conv = worker(stack, "qim.apps.conversation")
     mailbox = worker(stack, "qim.apps.mailbox")
+    notify = worker(stack, "qim.apps.notify")
     return {
         "gateway": f"http://127.0.0.1:{stack.cfg.gateways[0].metrics_port}/metrics",
         "conversation": f"http://127.0.0.1:{conv.web_port}/metrics",
         "mailbox": f"http://127.0.0.1:{mailbox.web_port}/metrics",
+        "notify": f"http://127.0.0.1:{notify.web_port}/metrics",
     }
 
 

@@ -47,6 +47,7 @@ from prometheus_client import CollectorRegistry
 
 from qim.agents.mailbox.assignor import ShardAssignor
 from qim.agents.mailbox.metrics import MailboxMetrics
+from qim.agents.mailbox.offline_push import DigestFollower, OfflinePush, user_folds
 from qim.agents.mailbox.options import MailboxOptions
 from qim.agents.mailbox.presence import (
     NodePresence,
@@ -70,6 +71,7 @@ from qim.schemas.records.dispatch import GroupDispatch, ShardLogRecord
 from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
 from qim.streams.producer import RecoveringProducer, replaced_counter
+from qim.streams.topics import DEVICE_TOKEN_DIGEST, PUSH_TASKS
 
 __all__ = ["MailboxNodeService"]
 
@@ -114,6 +116,14 @@ class MailboxNodeService(Service):
         self._admin: AIOKafkaAdminClient | None = None
         self.presence = NodePresence()
         self._push_tasks: set[asyncio.Task[None]] = set()
+        # 16.1.1 offline push: D(user) from the device_token_digest cache, PushTasks out
+        self.digests = DigestFollower(
+            options.bootstrap,
+            DEVICE_TOKEN_DIGEST.name,
+            options.settings.mailbox_shard_count,
+            self.registry,
+        )
+        self.offline = OfflinePush(PUSH_TASKS.name, self.digests, self.registry)
         self._reads = ReadMerge(options.settings.read_sync_merge_window)
         self.quota = QuotaReconciler(
             options.bootstrap, options.user_quota_topic, client_id=f"{options.client_id}-quota"
@@ -128,6 +138,7 @@ class MailboxNodeService(Service):
             "shards": {str(p): s.status() for p, s in sorted(self.owned.items())},
             "totals": dict(sorted(self.metrics.totals.items())),
             "presence": self.presence.status(),
+            "device_token_digests": len(self.digests.cache),
             "user_quota": self.quota.status(),
         }
 
@@ -149,6 +160,7 @@ class MailboxNodeService(Service):
             ).inc(),
         )
         await self._producer.start()
+        self.digests.start()
         consumer = opts.consumer(ShardAssignor)
         await consumer.start()
         topics = [opts.dispatch_topic, opts.requests_topic, opts.presence_topic]
@@ -165,6 +177,7 @@ class MailboxNodeService(Service):
         self._dormant.clear()
         if self._push_tasks:
             await asyncio.gather(*self._push_tasks, return_exceptions=True)
+        await self.digests.stop()
         await self._append(self._reads.all())
         await self.quota.stop()
         if self._producer is not None:
@@ -336,6 +349,8 @@ class MailboxNodeService(Service):
             await self._push(shard, result.written, batch)
             if result.sessions and last >= shard.high_water:  # replay pushes nothing
                 await self._session_push(shard, result.sessions)
+            if last >= shard.high_water:
+                await self._offline_push(shard, result.written, result.sessions)
             if result.sessions and self._producer is not None:  # I-26: only crossings
                 await publish_quota(
                     self._producer,
@@ -365,6 +380,33 @@ class MailboxNodeService(Service):
             await send_session_pushes(self._producer, topic, pushes, self._push_tasks)
         except Exception:
             log.exception("shard %d: session push failed (the mailbox is unaffected)", shard.shard)
+
+    async def _offline_push(
+        self,
+        shard: OwnedShard,
+        written: Sequence[WrittenGroup],
+        sessions: Sequence[SessionChange],
+    ) -> None:
+        """16.1.1 after the WriteBatch: PushTasks for offline devices; never raises."""
+        if self._producer is None or not (written or sessions) or not len(self.digests.cache):
+            return
+        try:
+            folds = user_folds(
+                written,
+                sessions,
+                reader=shard.reader,
+                store=shard.store,
+                push_from_offset=shard.high_water,
+                wakeable=lambda t, u: bool(self.digests.cache.devices(t, u)),
+            )
+            tasks = self.offline.plan(
+                folds, self.presence.cache(shard.shard), int(time.time() * 1000)
+            )
+            await self.offline.send(
+                self._producer, tasks, mailbox_shard=shard.shard, background=self._push_tasks
+            )
+        except Exception:
+            log.exception("shard %d: offline push failed (the mailbox is unaffected)", shard.shard)
 
     async def _push(
         self,

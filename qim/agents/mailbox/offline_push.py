@@ -1,0 +1,234 @@
+"""The MailboxNode's offline push step: PushTasks for offline devices after the WriteBatch.
+
+Same order as the online push (11.1.2 / 16.1.1 "materialize first, then push"): called after
+the fold's WriteBatch is durable, with entries read back from the committed store and the
+badge numbers of the user's UserBadgeState the fold wrote (so a push's badge is the one
+BADGE_UPDATE carries, 16.3). The per-device decision is :func:`qim.core.notify.tasks.
+plan_push_tasks`; records go to ``qim.push-tasks`` at the user's mailbox shard partition,
+fire-and-forget (a lost PushTask is a missed wake-up, never a lost message, 16.9).
+
+D(user) comes from :class:`DigestFollower`, the node's local cache of the compacted
+``device_token_digest`` topic (16.6; the DeviceToken table itself is never read, 17.3). It
+reads every partition (the topic's declared count, ``mailbox_shard_count``) from the beginning
+with its own manually assigned consumer (no group):
+a digest record is a few bytes per device, and following all partitions keeps it independent
+of the shard assignment (a deliberate simplification of "partitioned by the same
+user_bucket"; a node at scale would follow only its owned partitions like presence).
+``device_token_digest_lag`` (24.1.6) is the age of the oldest record not yet applied, 0 when
+caught up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+
+import msgspec
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from qim.core.mailbox import MailboxReader, WrittenGroup
+from qim.core.mailbox.ports import KVReader
+from qim.core.mailbox.session_store import load_header
+from qim.core.mailbox.sessions import SessionChange
+from qim.core.notify.tasks import Badge, DigestCache, UserFold, plan_push_tasks
+from qim.core.push import ShardPresenceCache
+from qim.schemas.records.notify import DeviceKey, PushTask, decode_digest, encode
+from qim.schemas.seqs import split_mailbox_seq
+
+__all__ = ["DigestFollower", "OfflinePush", "user_folds"]
+
+log = logging.getLogger(__name__)
+
+
+class DigestFollower:
+    """Follows ``device_token_digest`` into a :class:`DigestCache` in a background task."""
+
+    def __init__(
+        self, bootstrap: str, topic: str, partitions: int, registry: CollectorRegistry
+    ) -> None:
+        self.bootstrap, self.topic, self.partitions = bootstrap, topic, partitions
+        self.cache = DigestCache()
+        self._task: asyncio.Task[None] | None = None
+        self._oldest_pending_ms = 0
+        self.lag = Gauge(
+            "device_token_digest_lag",
+            "Seconds the MailboxNode's digest cache is behind the device_token_digest end "
+            "(24.1.6; 0 when caught up).",
+            registry=registry,
+        )
+        self.lag.set_function(self._lag_s)
+        self.malformed = Counter(
+            "device_token_digest_malformed",
+            "device_token_digest records that did not decode (skipped).",
+            registry=registry,
+        )
+
+    def _lag_s(self) -> float:
+        pending = self._oldest_pending_ms
+        return 0.0 if not pending else max(0.0, time.time() - pending / 1000.0)
+
+    def start(self) -> None:
+        self._task = asyncio.ensure_future(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=self.bootstrap, enable_auto_commit=False, group_id=None
+            )
+            try:
+                await consumer.start()
+                tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
+                consumer.assign(tps)
+                await consumer.seek_to_beginning(*tps)
+                while True:
+                    fetched = await consumer.getmany(timeout_ms=500, max_records=2000)
+                    for records in fetched.values():
+                        for record in records:
+                            self._apply(record.key, record.value)
+                    self._oldest_pending_ms = 0
+                    for tp in tps:
+                        hw = consumer.highwater(tp)
+                        if hw is not None and await consumer.position(tp) < hw:
+                            self._oldest_pending_ms = int(time.time() * 1000)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                log.exception("device_token_digest follower failed; restarting from the start")
+                self.cache = DigestCache()
+                await asyncio.sleep(1.0)
+            finally:
+                await consumer.stop()
+
+    def _apply(self, key: bytes | None, value: bytes | None) -> None:
+        try:
+            if key is None:
+                raise ValueError("no key")
+            self.cache.apply(DeviceKey.decode(key), decode_digest(value))
+        except (ValueError, msgspec.DecodeError, msgspec.ValidationError, AssertionError):
+            self.malformed.inc()
+
+
+def user_folds(
+    written: Sequence[WrittenGroup],
+    sessions: Sequence[SessionChange],
+    *,
+    reader: MailboxReader,
+    store: KVReader,
+    push_from_offset: int,
+    wakeable: Callable[[str, str], bool],
+) -> list[UserFold]:
+    """Per user of the fold with a registered device (``wakeable``, checked first so a fold
+    of users without push tokens reads nothing more): its new entries (read back from the
+    committed store) and its badge."""
+    entries: dict[tuple[str, str], list[object]] = {}
+    for group in sorted(written, key=lambda g: (g.tenant_id, g.user_id, g.mailbox_seq)):
+        if split_mailbox_seq(group.mailbox_seq).log_offset < push_from_offset:
+            continue  # replay below the takeover point: the previous owner pushed it
+        if not wakeable(group.tenant_id, group.user_id):
+            continue
+        rows = entries.setdefault((group.tenant_id, group.user_id), [])
+        for _, found in reader.read_user_range(
+            group.tenant_id, group.user_id, group.mailbox_seq - 1, group.mailbox_seq
+        ):
+            rows.extend(found)
+    changed = {
+        (c.tenant_id, c.user_id)
+        for c in sessions
+        if c.badge_changed and wakeable(c.tenant_id, c.user_id)
+    }
+    folds = []
+    for tenant, user in sorted(set(entries) | changed):
+        b = load_header(store, tenant, user).badge
+        folds.append(
+            UserFold(
+                tenant_id=tenant,
+                user_id=user,
+                entries=tuple(entries.get((tenant, user), ())),  # type: ignore[arg-type]
+                badge=Badge(
+                    b.total_unread, b.total_mention, b.muted_unread, b.badge_projection_mailbox_seq
+                ),
+                badge_changed=(tenant, user) in changed,
+            )
+        )
+    return folds
+
+
+class OfflinePush:
+    """Plans and enqueues PushTasks for one fold; never raises into the fold."""
+
+    def __init__(self, topic: str, follower: DigestFollower, registry: CollectorRegistry) -> None:
+        self.topic, self.follower = topic, follower
+        self.tasks = Counter(
+            "push_task_count",
+            "PushTasks the MailboxNode emitted for offline devices (26.5), by kind.",
+            ["kind"],
+            registry=registry,
+        )
+        self.skipped = Counter(
+            "push_task_skipped",
+            "Folds whose offline push was not planned, by reason.",
+            ["reason"],
+            registry=registry,
+        )
+
+    def plan(
+        self,
+        folds: Sequence[UserFold],
+        presence: ShardPresenceCache | None,
+        now_ms: int,
+    ) -> list[PushTask]:
+        if not folds:
+            return []
+        if presence is None:  # the cache is rebuilding: no decision from half a cache
+            self.skipped.labels("presence_rebuilding").inc()
+            return []
+        online = {
+            (f.tenant_id, f.user_id): [
+                d.device_id for d in presence.devices(f.tenant_id, f.user_id, now_ms)
+            ]
+            for f in folds
+        }
+        return plan_push_tasks(folds, digests=self.follower.cache, online=online)
+
+    async def send(
+        self,
+        producer: AIOKafkaProducer,
+        tasks: Sequence[PushTask],
+        *,
+        mailbox_shard: int,
+        background: set[asyncio.Task[None]],
+    ) -> None:
+        futures = []
+        for task in tasks:
+            key = DeviceKey(task.tenant_id, task.user_id, task.device_id)
+            try:
+                futures.append(
+                    await producer.send(
+                        self.topic, encode(task), key=key.encode(), partition=mailbox_shard
+                    )
+                )
+                self.tasks.labels(task.kind).inc()
+            except Exception:
+                log.exception("PushTask for shard %d not sent", mailbox_shard)
+        if futures:
+            gathered = asyncio.ensure_future(asyncio.gather(*futures, return_exceptions=True))
+
+            async def wait() -> None:
+                outcomes = await gathered
+                failed = sum(isinstance(o, BaseException) for o in outcomes)
+                if failed:
+                    log.warning("%d PushTask(s) not acknowledged", failed)
+
+            t = asyncio.ensure_future(wait())
+            background.add(t)
+            t.add_done_callback(background.discard)

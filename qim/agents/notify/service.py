@@ -1,0 +1,295 @@
+"""The NotificationService's agent bodies: device-token commands and PushTasks (spec 16).
+
+The Faust app (``qim.apps.notify``) owns the tables and topics and calls these from its agents,
+so every table write happens inside the agent's current event (Faust writes the changelog to
+the event's partition, which is the user's mailbox shard for every topic here).
+
+* :meth:`NotifyService.on_command`: register / overwrite / delete a DeviceToken, then publish
+  the ``device_token_digest`` record (a tombstone on delete) and wait for Kafka's ack before
+  the agent moves on. At-least-once: a crash before the offset commit replays the command,
+  which lands on the same state (an overwrite is idempotent; a delete of nothing publishes the
+  tombstone again). A conditional delete (``token_fingerprint`` set, a provider's 410) only
+  deletes if the stored token is still the one that failed.
+* :meth:`NotifyService.on_push_task`: no token -> nothing (16.1.1); else the pure rules of
+  :mod:`qim.core.notify.rules` (dedup, merge, rate) on the device's state table, and each push
+  to send is handed to a delivery task (retries 1/4/16 s without stalling the partition). A
+  ``kind="flush"`` task closes the device's ended merge windows; the app's timer produces them
+  for the windows :attr:`NotifyService.due` knows of. The dedup set is written to the table
+  (changelog) before the push goes out, so a replay after a crash never notifies twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from qim.agents.notify.delivery import Delivery, deliver, notification_for
+from qim.agents.notify.providers import PushProvider
+from qim.agents.notify.sealing import TokenSealer
+from qim.core.notify.rules import DeviceState, PushPolicy, Send, admit, flush_due, next_flush_at
+from qim.schemas.records.notify import (
+    DeviceKey,
+    DeviceToken,
+    DeviceTokenCommand,
+    DeviceTokenDelete,
+    PushTask,
+    decode_command,
+    decode_device_token,
+    decode_push_task,
+    digest_of,
+    encode,
+)
+
+__all__ = ["NotifyService", "decode_state", "encode_state"]
+
+log = logging.getLogger(__name__)
+
+Send_ = Callable[[str, bytes, bytes | None, int], Awaitable[None]]
+"""(topic, key, value or None for a tombstone, partition) -> once Kafka acknowledged it."""
+
+_STATE_ENCODER = msgspec.msgpack.Encoder()
+_STATE_DECODER = msgspec.msgpack.Decoder(DeviceState)
+
+
+def encode_state(state: DeviceState) -> bytes:
+    return _STATE_ENCODER.encode(state)
+
+
+def decode_state(raw: bytes | None) -> DeviceState:
+    return DeviceState() if raw is None else _STATE_DECODER.decode(raw)
+
+
+@dataclass
+class NotifyService:
+    """Everything the two agents share; tables are the Faust tables (bytes -> bytes)."""
+
+    tokens: MutableMapping[bytes, bytes]
+    states: MutableMapping[bytes, bytes]
+    providers: Mapping[str, PushProvider]
+    sealer: TokenSealer
+    send: Send_
+    policy: PushPolicy
+    now_ms: Callable[[], int]
+    commands_topic: str
+    digest_topic: str
+    push_topic: str
+    registry: CollectorRegistry = field(default_factory=CollectorRegistry)
+    due: dict[bytes, tuple[int, int]] = field(default_factory=dict)
+    """device key -> (partition, when its earliest merge window ends)."""
+    inflight: set[asyncio.Task[None]] = field(default_factory=set)
+    last_task: dict[bytes, PushTask] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.commands = Counter(
+            "notify_device_token_commands",
+            "Device-token commands applied, by op and result.",
+            ["op", "result"],
+            registry=self.registry,
+        )
+        self.tasks = Counter(
+            "notify_push_tasks",
+            "PushTasks consumed, by what became of them.",
+            ["result"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "offline_push_latency_seconds",
+            "Message commit -> the provider accepted the push (24.1.8 offline_push_latency_p95).",
+            buckets=(0.25, 0.5, 1, 2, 3, 5, 8, 15, 30, 60),
+            registry=self.registry,
+        )
+        Gauge(
+            "offline_push_accepted_ratio",
+            "Pushes the provider accepted / pushes handed to it (24.1.8; NaN before any).",
+            registry=self.registry,
+        ).set_function(lambda: self._ratio("delivered"))
+        Gauge(
+            "device_token_invalid_ratio",
+            "Pushes the provider answered 'token invalid' (deleted) / pushes handed to it "
+            "(24.1.8; NaN before any).",
+            registry=self.registry,
+        ).set_function(lambda: self._ratio("delete_token"))
+        self.verdicts: dict[str, int] = {}
+        self.pushes = Counter(
+            "offline_push_attempts",
+            "Pushes handed to a provider, by provider, kind and final verdict (24.1.8 "
+            "offline_push_accepted_ratio = delivered / all).",
+            ["provider", "kind", "outcome"],
+            registry=self.registry,
+        )
+
+    # -- device tokens ---------------------------------------------------------------------
+
+    async def on_command(self, key: bytes, value: bytes, partition: int) -> None:
+        try:
+            command = decode_command(value)
+            if command.key.encode() != key:
+                raise ValueError("record key does not match the command")
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            self.commands.labels("unknown", "undecodable").inc()
+            log.warning("undecodable device-token command at partition %d", partition)
+            return
+        if isinstance(command, DeviceTokenCommand):
+            await self._register(key, command, partition)
+        else:
+            await self._delete(key, command, partition)
+
+    async def _register(self, key: bytes, cmd: DeviceTokenCommand, partition: int) -> None:
+        previous = decode_device_token(self.tokens.get(key))
+        token = DeviceToken(
+            tenant_id=cmd.tenant_id,
+            user_id=cmd.user_id,
+            device_id=cmd.device_id,
+            provider=cmd.provider,
+            sealed_token=cmd.sealed_token,
+            token_fingerprint=cmd.token_fingerprint,
+            bundle_env=cmd.bundle_env,
+            client_platform=cmd.client_platform,
+            app_version=cmd.app_version,
+            locale=cmd.locale,
+            timezone=cmd.timezone,
+            capabilities=cmd.capabilities,
+            registered_at=cmd.at_ms,
+            last_success_at=cmd.at_ms,
+        )
+        # The overwrite replaces the old token in the same write: one message never rings the
+        # device twice through an old and a new token (16.6 refresh).
+        self.tokens[key] = encode(token)
+        await self.send(self.digest_topic, key, encode(digest_of(token)), partition)
+        self.commands.labels("register", "overwrite" if previous else "new").inc()
+
+    async def _delete(self, key: bytes, cmd: DeviceTokenDelete, partition: int) -> None:
+        stored = decode_device_token(self.tokens.get(key))
+        if (
+            stored is not None
+            and cmd.token_fingerprint
+            and stored.token_fingerprint != cmd.token_fingerprint
+        ):
+            self.commands.labels("delete", "kept_newer_token").inc()
+            return
+        if stored is not None:
+            del self.tokens[key]
+        await self.send(self.digest_topic, key, None, partition)
+        self.commands.labels("delete", cmd.reason.split(" ", 1)[0] or "client").inc()
+
+    # -- push tasks ------------------------------------------------------------------------
+
+    def _state(self, key: bytes) -> DeviceState:
+        return decode_state(self.states.get(key))
+
+    def _save(self, key: bytes, state: DeviceState, partition: int) -> None:
+        self.states[key] = encode_state(state)
+        when = next_flush_at(state)
+        if when is None:
+            self.due.pop(key, None)
+        else:
+            self.due[key] = (partition, when)
+
+    async def on_push_task(self, key: bytes, value: bytes, partition: int) -> None:
+        try:
+            task = decode_push_task(value)
+            if task.key.encode() != key:
+                raise ValueError("record key does not match the task")
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            self.tasks.labels("undecodable").inc()
+            return
+        token = decode_device_token(self.tokens.get(key))
+        if token is None:
+            self.tasks.labels("no_token").inc()
+            return
+        now = self.now_ms()
+        if task.kind == "flush":
+            state, sends = flush_due(self._state(key), now_ms=now, policy=self.policy)
+            self._save(key, state, partition)
+            self.tasks.labels("flush").inc()
+        else:
+            state, sends = admit(
+                self._state(key),
+                token_fingerprint=token.token_fingerprint,
+                kind=task.kind,
+                event_id=task.event_id,
+                conversation_id=task.conversation_id,
+                mailbox_seq=task.mailbox_seq,
+                total_unread=task.total_unread,
+                total_mention=task.total_mention,
+                muted_unread=task.muted_unread,
+                badge_projection_mailbox_seq=task.badge_projection_mailbox_seq,
+                now_ms=now,
+                policy=self.policy,
+            )
+            self._save(key, state, partition)
+            self.last_task[key] = task
+            self.tasks.labels("sent" if sends else "held_or_duplicate").inc()
+        for send in sends:
+            self._spawn(key, token, send, partition)
+
+    def _spawn(self, key: bytes, token: DeviceToken, send: Send, partition: int) -> None:
+        task = asyncio.get_running_loop().create_task(self._deliver(key, token, send, partition))
+        self.inflight.add(task)
+        task.add_done_callback(self.inflight.discard)
+
+    async def _deliver(self, key: bytes, token: DeviceToken, send: Send, partition: int) -> None:
+        note = notification_for(send, self.last_task.get(key))
+        try:
+            result: Delivery = await deliver(
+                token,
+                note,
+                providers=self.providers,
+                sealer=self.sealer,
+                max_attempts=self.policy.push_retry_max_attempts,
+            )
+        except Exception:  # a provider bug must not kill the worker; the push is best effort
+            log.exception("push delivery crashed")
+            self.pushes.labels(token.provider, send.kind, "crashed").inc()
+            return
+        self.pushes.labels(token.provider, send.kind, result.outcome).inc()
+        self.verdicts[result.outcome] = self.verdicts.get(result.outcome, 0) + 1
+        task = self.last_task.get(key)
+        if result.outcome == "delivered" and task is not None and task.committed_at > 0:
+            self.latency.observe(max(0.0, (self.now_ms() - task.committed_at) / 1000.0))
+        if result.outcome == "delete_token":
+            delete = DeviceTokenDelete(
+                request_id=f"provider:{send.event_id}",
+                tenant_id=token.tenant_id,
+                user_id=token.user_id,
+                device_id=token.device_id,
+                reason=f"{token.provider} {result.last.status} {result.last.reason}",
+                token_fingerprint=token.token_fingerprint,
+                at_ms=self.now_ms(),
+            )
+            await self.send(self.commands_topic, key, encode(delete), partition)
+
+    def _ratio(self, outcome: str) -> float:
+        total = sum(self.verdicts.values())
+        return self.verdicts.get(outcome, 0) / total if total else math.nan
+
+    def due_flushes(self, now_ms: int) -> list[tuple[bytes, int, int]]:
+        """(key, partition, due) of every device whose merge window ended."""
+        return [(k, p, t) for k, (p, t) in sorted(self.due.items()) if t <= now_ms]
+
+    def flush_task(self, key: bytes, due: int) -> bytes:
+        dev = DeviceKey.decode(key)
+        return encode(
+            PushTask(
+                tenant_id=dev.tenant_id,
+                user_id=dev.user_id,
+                device_id=dev.device_id,
+                event_id=f"flush:{due}",
+                mailbox_seq=0,
+                kind="flush",
+            )
+        )
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "providers": sorted(self.providers),
+            "pending_merge_windows": len(self.due),
+            "deliveries_in_flight": len(self.inflight),
+        }

@@ -1,0 +1,161 @@
+"""The MailboxNode's side of offline push (16.1.1, PD-1): which devices get a PushTask.
+
+Pure: the shell calls :func:`plan_push_tasks` only after the fold's WriteBatch is durable (the
+16.1.1 precondition "materialize first, then push"), with the entries read back from the
+committed store, the user's UserBadgeState as written by the same fold, the digest cache and
+the presence cache. Per device, never per user (16.2.2): D(user) = the devices the
+``device_token_digest`` cache lists (a device without a token cannot be woken and gets
+nothing); a device with an unexpired PresenceEntry is online and gets the socket; every other
+device of D(user) gets a PushTask, whatever the user's other devices do (PD-1: phone offline
+and desktop online -> the phone is pushed, the desktop is not).
+
+* a new entry that counts unread (MESSAGE / MENTION with COUNTS_UNREAD) -> an ``alert`` task
+  carrying that entry's ids and the badge numbers;
+* a badge change without such an entry (a read on another device, a badge reaching 0, 16.3)
+  -> a silent ``badge`` task, event id ``badge:<badge_projection_mailbox_seq>`` so a replay of
+  the same version is deduplicated by the NotificationService.
+
+The second check for online devices (PUSHED / APPLIED evidence within ``push_grace_window``,
+CONN_CLOSED catch-up) is not planned here yet: an online device is trusted to its socket.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from qim.schemas.frames.base import EntryFlags, EventType, MentionType
+from qim.schemas.frames.mailbox import SyncEntry
+from qim.schemas.records.notify import DeviceKey, DeviceTokenDigest, PushTask
+
+__all__ = ["Badge", "DigestCache", "UserFold", "plan_push_tasks"]
+
+_MENTIONS = {
+    MentionType.NONE: "NONE",
+    MentionType.AT_ME: "AT_ME",
+    MentionType.AT_ALL: "AT_ALL",
+    MentionType.REPLY_ME: "REPLY_ME",
+}
+
+
+@dataclass
+class DigestCache:
+    """The MailboxNode's local copy of ``device_token_digest``: devices with a token per user."""
+
+    users: dict[tuple[str, str], dict[str, DeviceTokenDigest]] = field(default_factory=dict)
+    count: int = 0
+
+    def apply(self, key: DeviceKey, digest: DeviceTokenDigest | None) -> None:
+        """One record: a digest registers / overwrites, ``None`` (tombstone) removes."""
+        user = (key.tenant_id, key.user_id)
+        if digest is None:
+            devices = self.users.get(user)
+            if devices is not None and devices.pop(key.device_id, None) is not None:
+                self.count -= 1
+                if not devices:
+                    del self.users[user]
+            return
+        devices = self.users.setdefault(user, {})
+        self.count += key.device_id not in devices
+        devices[key.device_id] = digest
+
+    def devices(self, tenant_id: str, user_id: str) -> tuple[str, ...]:
+        """D(user)'s wakeable devices (a registered, valid token), sorted."""
+        found = self.users.get((tenant_id, user_id), {})
+        return tuple(sorted(d for d, g in found.items() if g.bundle_env_valid))
+
+    def __len__(self) -> int:
+        return self.count
+
+
+@dataclass(frozen=True, slots=True)
+class Badge:
+    """The user's UserBadgeState after the fold (the same numbers BADGE_UPDATE carries)."""
+
+    total_unread: int
+    total_mention: int
+    muted_unread: int
+    badge_projection_mailbox_seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class UserFold:
+    """What one committed fold did for one user: new entries, the badge, whether it changed."""
+
+    tenant_id: str
+    user_id: str
+    entries: tuple[SyncEntry, ...]
+    badge: Badge
+    badge_changed: bool
+
+
+def _alerting(entry: SyncEntry) -> bool:
+    return entry.event_type in (EventType.MESSAGE, EventType.MENTION) and bool(
+        entry.flags & EntryFlags.COUNTS_UNREAD
+    )
+
+
+def plan_push_tasks(
+    folds: Iterable[UserFold],
+    *,
+    digests: DigestCache,
+    online: Mapping[tuple[str, str], Sequence[str]],
+    conversation_types: Mapping[str, str] | None = None,
+) -> list[PushTask]:
+    """The PushTasks of one committed fold, per offline wakeable device (module doc).
+
+    ``online`` maps (tenant, user) to the device ids with an unexpired PresenceEntry.
+    """
+    tasks: list[PushTask] = []
+    kinds = conversation_types or {}
+    for fold in folds:
+        wakeable = digests.devices(fold.tenant_id, fold.user_id)
+        on = set(online.get((fold.tenant_id, fold.user_id), ()))
+        targets = [d for d in wakeable if d not in on]
+        if not targets:
+            continue
+        alerts = sorted((e for e in fold.entries if _alerting(e)), key=lambda e: e.mailbox_seq)
+        b = fold.badge
+        for device in targets:
+            for entry in alerts:
+                tasks.append(
+                    PushTask(
+                        tenant_id=fold.tenant_id,
+                        user_id=fold.user_id,
+                        device_id=device,
+                        event_id=str(entry.event_id),
+                        mailbox_seq=entry.mailbox_seq,
+                        kind="alert",
+                        conversation_id=entry.conversation_id,
+                        message_id=entry.message_id.hex(),
+                        conversation_type=kinds.get(entry.conversation_id, "GROUP"),
+                        counts_unread=True,
+                        mention_type=_MENTIONS.get(entry.mention_type, "NONE"),
+                        preview_or_placeholder="",
+                        total_unread=b.total_unread,
+                        total_mention=b.total_mention,
+                        muted_unread=b.muted_unread,
+                        badge_projection_mailbox_seq=b.badge_projection_mailbox_seq,
+                        committed_at=entry.created_at,
+                    )
+                )
+            if not alerts and fold.badge_changed:
+                tasks.append(
+                    PushTask(
+                        tenant_id=fold.tenant_id,
+                        user_id=fold.user_id,
+                        device_id=device,
+                        event_id=f"badge:{b.badge_projection_mailbox_seq}",
+                        mailbox_seq=b.badge_projection_mailbox_seq,
+                        kind="badge",
+                        total_unread=b.total_unread,
+                        total_mention=b.total_mention,
+                        muted_unread=b.muted_unread,
+                        badge_projection_mailbox_seq=b.badge_projection_mailbox_seq,
+                    )
+                )
+    return tasks
+
+
+def task_key(task: PushTask) -> DeviceKey:
+    return DeviceKey(task.tenant_id, task.user_id, task.device_id)

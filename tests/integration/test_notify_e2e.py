@@ -1,0 +1,242 @@
+"""Offline push end to end on the local stack's own processes (spec 16.1.1 PD-1, 16.3, 16.6):
+the stack's gateway (real AuthService), conversation, mailbox and notify workers, and the
+APNs / FCM stand-ins, all started the way `qim up` starts them.
+
+alice has a phone (token registered, then offline) and a desktop (token registered, online);
+bob and carol send her messages. The phone is woken through the APNs stand-in with the badge
+of alice's UserBadgeState; the desktop gets the socket and never a push; a read on the desktop
+sends the phone a silent badge push of 0; a 410 deletes the phone's token and the digest
+tombstone reaches the MailboxNode.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from qim.auth.config import AuthConfig, load_keyring
+from qim.auth.tokens import TokenCodec
+from qim.client import QimClient
+from qim.client.heartbeat import HeartbeatConfig
+from qim.devstack import procs
+from qim.devstack.stack import Stack, WorkerSpec
+from qim.params import Settings
+from qim.schemas.records.notify import DeviceKey, decode_push_task
+from qim.streams.topics import PUSH_TASKS
+
+pytestmark = pytest.mark.integration
+
+SETTINGS = Settings.load()
+PHONE_TOKEN = "e1" * 32
+DESKTOP_TOKEN = "e2" * 32
+WAIT_S = 120.0
+
+
+def _worker(stack: Stack, module: str) -> WorkerSpec:
+    return next(w for w in stack.cfg.workers if w.module == module)
+
+
+def _get(port: int, path: str) -> Any:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+@pytest.fixture(scope="module")
+def running(stack: Stack) -> Iterator[Stack]:
+    """Stand-ins, the three workers and the gateway of the stack; stopped afterwards."""
+    started: list[Callable[[], object]] = []
+    try:
+        stack.start_push_standins()
+        started.append(stack.stop_push_standins)
+        for module in ("qim.apps.conversation", "qim.apps.mailbox", "qim.apps.notify"):
+            w = _worker(stack, module)
+            stack.start_worker(w, timeout_s=180)
+            started.append(functools.partial(stack.stop_worker, w))
+        gw = stack.cfg.gateways[0]
+        stack.start_gateway(gw)
+        started.append(lambda: stack.stop_gateway(gw))
+        mailbox = _worker(stack, "qim.apps.mailbox")
+        shards = stack.cfg.partition_counts["mailbox_shard_count"]
+        procs.wait_until(
+            lambda: len(_get(mailbox.web_port, "/mailbox").get("serving", ())) == shards,
+            timeout_s=WAIT_S,
+            what="mailbox shards served",
+        )
+        yield stack
+    finally:
+        for stop in reversed(started):
+            stop()
+
+
+async def _until(check: Callable[[], Any], what: str) -> Any:
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while True:
+        got = await asyncio.to_thread(check)
+        if got:
+            return got
+        assert asyncio.get_running_loop().time() < deadline, what
+        await asyncio.sleep(0.3)
+
+
+class Scene:
+    def __init__(self, stack: Stack) -> None:
+        self.stack = stack
+        self.tenant = f"t{uuid.uuid4().hex[:10]}"
+        env = stack.cfg.env()
+        keyring, _ = load_keyring(env)
+        self.codec = TokenCodec(keyring, clock_skew_ms=AuthConfig.from_env(env).clock_skew_ms)
+        self.http = httpx.AsyncClient(timeout=30)
+        self.clients: list[QimClient] = []
+        self.mailbox = _worker(stack, "qim.apps.mailbox").web_port
+        self.notify = _worker(stack, "qim.apps.notify").web_port
+
+    def token(self, user: str, device: str) -> str:
+        now = int(time.time() * 1000)
+        return self.codec.issue_access(
+            self.tenant, user, device, now_ms=now, ttl_ms=3_600_000
+        ).token
+
+    async def login(self, user: str, device: str) -> tuple[QimClient, str, int]:
+        client = QimClient(heartbeat=HeartbeatConfig(enabled=False), request_timeout=20)
+        self.clients.append(client)
+        token = self.token(user, device)
+        ok = await client.connect(self.stack.cfg.gateways[0].url, token, device)
+        return client, token, ok.session_epoch
+
+    async def register(self, token: str, device: str, epoch: int, push_token: str) -> None:
+        body = {
+            "device_id": device,
+            "session_epoch": epoch,
+            "provider": "APNS",
+            "token": push_token,
+            "bundle_env": "production",
+        }
+        resp = await self.http.post(
+            f"http://127.0.0.1:{self.notify}/v1/device-tokens",
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert resp.status_code == 200, resp.text
+
+    def digests(self) -> int:
+        return int(_get(self.mailbox, "/mailbox")["device_token_digests"])
+
+    def online(self, user: str) -> list[str]:
+        view = _get(self.mailbox, f"/mailbox/user?tenant={self.tenant}&user={user}")
+        return sorted(d["device_id"] for d in view.get("devices", ()))
+
+    async def received(self, token: str) -> list[dict[str, Any]]:
+        url = f"{self.stack.cfg.push_standins.control_url}/received"
+        got = (await self.http.get(url)).json()["received"]
+        return [r for r in got if r["token"] == token]
+
+    async def wait_received(self, token: str, count: int) -> list[dict[str, Any]]:
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while len(got := await self.received(token)) < count:
+            assert asyncio.get_running_loop().time() < deadline, f"{len(got)} of {count} pushes"
+            await asyncio.sleep(0.3)
+        return got
+
+    async def tasks_until(self, user: str, event_id: str, device: str) -> list[Any]:
+        """alice's PushTasks in her partition up to the first of ``device`` for ``event_id``."""
+        key = DeviceKey(self.tenant, user, device)
+        partition = key.partition(
+            virtual_bucket_count=SETTINGS.virtual_bucket_count,
+            mailbox_shard_count=SETTINGS.mailbox_shard_count,
+        )
+        consumer = AIOKafkaConsumer(bootstrap_servers=self.stack.cfg.kafka.bootstrap)
+        await consumer.start()
+        tp = TopicPartition(PUSH_TASKS.name, partition)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        seen = []
+        try:
+            deadline = asyncio.get_running_loop().time() + WAIT_S
+            while asyncio.get_running_loop().time() < deadline:
+                for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
+                    task = decode_push_task(record.value)
+                    if (task.tenant_id, task.user_id) != (self.tenant, user):
+                        continue
+                    seen.append(task)
+                    if task.device_id == device and task.event_id == event_id:
+                        return seen
+            raise AssertionError(f"no PushTask {event_id} for {device}")
+        finally:
+            await consumer.stop()
+
+    async def aclose(self) -> None:
+        for c in self.clients:
+            await c.close()
+        await self.http.aclose()
+
+
+async def test_offline_phone_is_woken_with_the_badge_and_the_online_desktop_never(
+    running: Stack,
+) -> None:
+    scene = Scene(running)
+    try:
+        before = await asyncio.to_thread(scene.digests)
+        phone, phone_token, phone_epoch = await scene.login("alice", "phone")
+        await scene.register(phone_token, "phone", phone_epoch, PHONE_TOKEN)
+        desktop, desktop_token, desktop_epoch = await scene.login("alice", "desktop")
+        await scene.register(desktop_token, "desktop", desktop_epoch, DESKTOP_TOKEN)
+        await _until(lambda: scene.digests() >= before + 2, "digests never reached the node")
+        await phone.close()  # the phone goes to the background: offline
+        await _until(lambda: scene.online("alice") == ["desktop"], "phone still online")
+
+        bob, _, _ = await scene.login("bob", "phone")
+        first = await bob.send_direct("alice", b"hello", client_message_id="m1")
+        [woke] = await scene.wait_received(PHONE_TOKEN, 1)
+        assert woke["headers"]["apns-push-type"] == "alert"
+        assert woke["payload"]["aps"]["badge"] == 1
+        event = woke["payload"]["event_id"]
+
+        carol, _, _ = await scene.login("carol", "phone")
+        second = await carol.send_direct("alice", b"hi", client_message_id="m2")
+        got = await scene.wait_received(PHONE_TOKEN, 2)
+        assert got[1]["payload"]["aps"]["badge"] == 2
+        # Barrier: every PushTask of alice up to the phone's second one (same partition,
+        # in order): none is for the desktop, and the desktop's token was never pushed.
+        tasks = await scene.tasks_until("alice", got[1]["payload"]["event_id"], "phone")
+        assert {t.device_id for t in tasks} == {"phone"}
+        assert [t.event_id for t in tasks if t.kind == "alert"][:1] == [event]
+        assert await scene.received(DESKTOP_TOKEN) == []
+
+        # A read of everything on the desktop: the offline phone gets a silent badge push of 0.
+        await desktop.mark_read(desktop.direct_conversation_id("bob"), first.conversation_seq)
+        await desktop.mark_read(desktop.direct_conversation_id("carol"), second.conversation_seq)
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while True:
+            silent = [
+                r
+                for r in await scene.received(PHONE_TOKEN)
+                if r["headers"]["apns-push-type"] == "background"
+            ]
+            if silent and silent[-1]["payload"]["aps"]["badge"] == 0:
+                break
+            assert asyncio.get_running_loop().time() < deadline, silent
+            await asyncio.sleep(0.3)
+        assert silent[-1]["payload"]["aps"]["content-available"] == 1
+        assert "alert" not in silent[-1]["payload"]["aps"]
+
+        # APNs says the phone's token is dead: deleted, and the tombstone reaches the node.
+        plan = {"provider": "APNS", "token": PHONE_TOKEN, "answers": [410]}
+        control = running.cfg.push_standins.control_url
+        (await scene.http.post(f"{control}/plan", json=plan)).raise_for_status()
+        count = len(await scene.received(PHONE_TOKEN))
+        await bob.send_direct("alice", b"again", client_message_id="m3")
+        dead = await scene.wait_received(PHONE_TOKEN, count + 1)
+        assert dead[-1]["status"] == 410
+        await _until(lambda: scene.digests() == before + 1, "tombstone never reached the node")
+    finally:
+        await scene.aclose()

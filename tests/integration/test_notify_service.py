@@ -1,0 +1,355 @@
+"""The NotificationService on the real stack: `faust -A qim.apps.notify worker`, the suite's
+Kafka and Redis, and the APNs / FCM stand-ins as a process (`qim push-standins`), the same way
+the local stack runs them (spec 16.2, 16.3, 16.5, 16.6; issue 17).
+
+Registration goes through the HTTP management API after a real AUTH (AuthService against the
+suite's Redis gives the device its session_epoch, as the gateway's AUTH does). PushTasks are
+produced to ``qim.push-tasks`` the way the MailboxNode does. Every "nothing happened" check
+waits for a later positive barrier in the same partition (same user), never for a quiet time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from redis.asyncio import Redis
+
+from qim.auth.config import AuthConfig, load_keyring
+from qim.auth.service import AuthService
+from qim.core.notify.rules import collapse_id
+from qim.devstack.stack import Stack
+from qim.params import Settings
+from qim.schemas.records.notify import DeviceKey, PushTask, decode_digest, encode
+from qim.streams.topics import DEVICE_TOKEN_DIGEST, PUSH_TASKS
+from tests.integration.workers import FaustWorker
+
+pytestmark = pytest.mark.integration
+
+APNS_TOKEN = "ab" * 32
+SETTINGS = Settings.load()
+
+
+def _partition(key: DeviceKey) -> int:
+    return key.partition(
+        virtual_bucket_count=SETTINGS.virtual_bucket_count,
+        mailbox_shard_count=SETTINGS.mailbox_shard_count,
+    )
+
+
+@pytest.fixture(scope="module")
+def notify_worker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaustWorker]:
+    stack.start_push_standins()
+    worker = FaustWorker(stack, "qim.apps.notify", tmp_path_factory.mktemp("notify"), {})
+    try:
+        worker.start()
+        yield worker
+    finally:
+        worker.stop()
+        stack.stop_push_standins()
+
+
+class Harness:
+    """One test's tenant: AUTH, the HTTP API, PushTasks, the digest topic, the stand-ins."""
+
+    def __init__(self, stack: Stack, worker: FaustWorker, auth: AuthService) -> None:
+        self.stack = stack
+        self.worker = worker
+        self.auth = auth
+        self.tenant = f"t{uuid.uuid4().hex[:10]}"
+        self.http = httpx.AsyncClient(timeout=30)
+        self.producer = AIOKafkaProducer(bootstrap_servers=stack.cfg.kafka.bootstrap, acks="all")
+
+    @property
+    def api(self) -> str:
+        return f"http://127.0.0.1:{self.worker.web_port}/v1/device-tokens"
+
+    @property
+    def control(self) -> str:
+        return self.stack.cfg.push_standins.control_url
+
+    async def login(self, user: str, device: str, *, bind: bool = True) -> tuple[str, int]:
+        """An access token and the session_epoch of a real AUTH of ``device``."""
+        token = await self.auth.issue_token(self.tenant, user, device if bind else None)
+        grant = await self.auth.authenticate(token, device, "1.0.0")
+        return token, grant.session_epoch
+
+    async def register(self, access: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        resp = await self.http.post(
+            self.api, json=body, headers={"Authorization": f"Bearer {access}"}
+        )
+        return resp.status_code, resp.json()
+
+    async def push(self, user: str, device: str, **fields: Any) -> None:
+        key = DeviceKey(self.tenant, user, device)
+        task = PushTask(tenant_id=self.tenant, user_id=user, device_id=device, **fields)
+        await self.producer.send_and_wait(
+            PUSH_TASKS.name, encode(task), key=key.encode(), partition=_partition(key)
+        )
+
+    async def plan(self, provider: str, token: str, answers: list[int]) -> None:
+        body = {"provider": provider, "token": token, "answers": answers}
+        (await self.http.post(f"{self.control}/plan", json=body)).raise_for_status()
+
+    async def received(self, token: str) -> list[dict[str, Any]]:
+        resp = await self.http.get(f"{self.control}/received")
+        return [r for r in resp.json()["received"] if r["token"] == token]
+
+    async def wait_received(self, token: str, count: int, timeout_s: float = 90) -> list[Any]:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            got = await self.received(token)
+            if len(got) >= count:
+                return got
+            if asyncio.get_running_loop().time() > deadline:
+                raise AssertionError(f"stand-in got {len(got)} of {count} pushes for {token}")
+            await asyncio.sleep(0.2)
+
+    async def digests(
+        self, key: DeviceKey, until: DeviceKey, *, tombstone: bool = False
+    ) -> list[bytes | None]:
+        """Every digest value of ``key`` in its partition up to the first record of ``until``
+        (a tombstone of ``until`` if ``tombstone``): the positive barrier."""
+        partition = _partition(key)
+        assert partition == _partition(until), "the barrier must share the partition"
+        consumer = AIOKafkaConsumer(
+            bootstrap_servers=self.stack.cfg.kafka.bootstrap, enable_auto_commit=False
+        )
+        await consumer.start()
+        tp = TopicPartition(DEVICE_TOKEN_DIGEST.name, partition)
+        consumer.assign([tp])
+        await consumer.seek_to_beginning(tp)
+        seen: list[bytes | None] = []
+        try:
+            deadline = asyncio.get_running_loop().time() + 90
+            while asyncio.get_running_loop().time() < deadline:
+                batch = await consumer.getmany(tp, timeout_ms=500)
+                for record in batch.get(tp, []):
+                    if record.key == key.encode():
+                        seen.append(record.value)
+                    if record.key == until.encode() and (record.value is None) == tombstone:
+                        return seen
+            raise AssertionError("the barrier's digest record never came")
+        finally:
+            await consumer.stop()
+
+    async def aclose(self) -> None:
+        await self.http.aclose()
+        await self.producer.stop()
+
+
+@pytest.fixture
+async def harness(stack: Stack, notify_worker: FaustWorker) -> AsyncIterator[Harness]:
+    env = stack.cfg.env()
+    keyring, _ = load_keyring(env)
+    redis = Redis.from_url(stack.cfg.redis.url)
+    h = Harness(stack, notify_worker, AuthService(redis, keyring, AuthConfig.from_env(env)))
+    await h.producer.start()
+    try:
+        yield h
+    finally:
+        await h.aclose()
+        await redis.aclose()
+
+
+def _apns(device: str, epoch: int, token: str = APNS_TOKEN, **extra: Any) -> dict[str, Any]:
+    return {
+        "device_id": device,
+        "session_epoch": epoch,
+        "provider": "APNS",
+        "token": token,
+        "bundle_env": "production",
+        **extra,
+    }
+
+
+async def test_registered_apns_device_gets_the_push_with_headers_and_absolute_badge(
+    harness: Harness,
+) -> None:
+    h = harness
+    token = "a1" * 32
+    access, epoch = await h.login("alice", "phone")
+    status, body = await h.register(access, _apns("phone", epoch, token))
+    assert status == 200, body
+    key = DeviceKey(h.tenant, "alice", "phone")
+    digests = await h.digests(key, key)
+    raw = digests[-1]
+    assert raw is not None
+    digest = decode_digest(raw)
+    assert digest is not None and digest.provider == "APNS" and digest.bundle_env_valid
+    # no token and no ciphertext: the record has only the digest's own fields
+    assert set(msgspec.msgpack.decode(raw)) <= {"provider", "capabilities", "bundle_env"}
+    assert token.encode() not in raw and bytes.fromhex(token) not in raw
+
+    await h.push(
+        "alice", "phone", event_id="e1", mailbox_seq=7, conversation_id="g1",
+        message_id="m1", preview_or_placeholder="hi", total_unread=5, total_mention=1,
+        muted_unread=2, badge_projection_mailbox_seq=7,
+    )  # fmt: skip
+    [got] = await h.wait_received(token, 1)
+    assert got["endpoint"] == "production"
+    assert got["headers"]["apns-push-type"] == "alert"
+    assert got["headers"]["apns-topic"] == "im.qim.dev"
+    assert got["headers"]["apns-collapse-id"] == collapse_id("g1")
+    assert got["payload"]["aps"]["badge"] == 5
+    assert got["payload"]["badge_projection_mailbox_seq"] == 7
+    assert got["payload"]["muted_unread"] == 2
+
+
+async def test_refused_registrations_store_nothing(harness: Harness) -> None:
+    h = harness
+    access, epoch = await h.login("bob", "phone")
+    other_tenant_body = _apns("phone", epoch, tenant_id="someone-else")
+    cases = [
+        (_apns("phone", epoch, user_id="mallory"), 403, "other_user"),
+        (other_tenant_body, 403, "other_tenant"),
+        (_apns("desktop", epoch), 403, "device_mismatch"),
+        ({**_apns("phone", epoch), "provider": "PIGEON"}, 400, "unknown_provider"),
+        (_apns("phone", epoch, token="not-hex"), 400, "malformed_token"),
+        (_apns("phone", epoch + 1), 403, "not_authenticated_on_a_connection"),
+    ]
+    for body, status, detail in cases:
+        got_status, answer = await h.register(access, body)
+        assert (got_status, answer["error"], answer["detail"]) == (
+            status,
+            "PERMISSION_DENIED",
+            detail,
+        ), body
+        assert answer["request_id"]
+    # A device-less token may register only the device of its current connection.
+    loose, loose_epoch = await h.login("bob", "tablet", bind=False)
+    status, answer = await h.register(loose, _apns("watch", loose_epoch))
+    assert (status, answer["detail"]) == (403, "not_authenticated_on_a_connection")
+    # Barrier: a valid registration of bob's tablet (same partition) is stored after them.
+    status, _ = await h.register(loose, _apns("tablet", loose_epoch))
+    assert status == 200
+    phone = DeviceKey(h.tenant, "bob", "phone")
+    assert await h.digests(phone, DeviceKey(h.tenant, "bob", "tablet")) == []
+    watch = DeviceKey(h.tenant, "bob", "watch")
+    assert await h.digests(watch, DeviceKey(h.tenant, "bob", "tablet")) == []
+
+
+async def test_apns_410_deletes_the_token_and_publishes_a_tombstone(harness: Harness) -> None:
+    h = harness
+    token = "b2" * 32
+    access, epoch = await h.login("carol", "phone")
+    assert (await h.register(access, _apns("phone", epoch, token)))[0] == 200
+    key = DeviceKey(h.tenant, "carol", "phone")
+    await h.digests(key, key)
+    await h.plan("APNS", token, [410])
+    await h.push(
+        "carol", "phone", event_id="e1", mailbox_seq=1, conversation_id="c", total_unread=1
+    )
+    [got] = await h.wait_received(token, 1)
+    assert (got["status"], got["reason"]) == (410, "Unregistered")
+    values = await h.digests(key, key, tombstone=True)
+    assert values[-1] is None
+    # A later task for the deleted device reaches no provider; a later push of another device
+    # of carol (same partition, processed after it) is the barrier.
+    other = "c3" * 32
+    access2, epoch2 = await h.login("carol", "ipad")
+    assert (await h.register(access2, _apns("ipad", epoch2, other)))[0] == 200
+    await h.digests(DeviceKey(h.tenant, "carol", "ipad"), DeviceKey(h.tenant, "carol", "ipad"))
+    await h.push("carol", "phone", event_id="e2", mailbox_seq=2, conversation_id="c")
+    await h.push("carol", "ipad", event_id="e2", mailbox_seq=2, conversation_id="c")
+    await h.wait_received(other, 1)
+    assert len(await h.received(token)) == 1
+
+
+async def test_apns_503_is_retried_and_the_token_kept(harness: Harness) -> None:
+    h = harness
+    token = "d4" * 32
+    access, epoch = await h.login("dave", "phone")
+    assert (await h.register(access, _apns("phone", epoch, token)))[0] == 200
+    key = DeviceKey(h.tenant, "dave", "phone")
+    await h.digests(key, key)
+    await h.plan("APNS", token, [503, 500])
+    await h.push("dave", "phone", event_id="e1", mailbox_seq=1, conversation_id="c", total_unread=3)
+    got = await h.wait_received(token, 3)
+    assert [g["status"] for g in got] == [503, 500, 200]
+    assert all(g["payload"]["aps"]["badge"] == 3 for g in got)
+    # the token is kept: the next push (another conversation, no merge) is delivered
+    await h.push("dave", "phone", event_id="e2", mailbox_seq=2, conversation_id="d")
+    got = await h.wait_received(token, 4)
+    assert got[-1]["status"] == 200
+    assert all(v is not None for v in await h.digests(key, key))
+
+
+async def test_fcm_device_gets_the_push_with_oauth_bearer_and_notification_count(
+    harness: Harness,
+) -> None:
+    h = harness
+    token = "fcm-" + "x" * 60
+    access, epoch = await h.login("erin", "android")
+    body = {"device_id": "android", "session_epoch": epoch, "provider": "FCM", "token": token}
+    assert (await h.register(access, body))[0] == 200
+    key = DeviceKey(h.tenant, "erin", "android")
+    await h.digests(key, key)
+    await h.push(
+        "erin", "android", event_id="e1", mailbox_seq=4, conversation_id="c", total_unread=9
+    )
+    [got] = await h.wait_received(token, 1)
+    message = got["payload"]["message"]
+    assert got["status"] == 200
+    assert message["android"]["notification"]["notification_count"] == 9
+    assert message["android"]["collapse_key"] == collapse_id("c")
+    assert message["data"]["badge_projection_mailbox_seq"] == "0"
+
+
+def test_the_stack_declares_the_notify_worker_and_standins(stack: Stack) -> None:
+    assert any(w.module == "qim.apps.notify" for w in stack.cfg.workers)
+    assert Path(stack.cfg.env()["QIM_APNS_CA_FILE"]).name == "standin-cert.pem"
+
+
+async def _registered(h: Harness, user: str, token: str) -> None:
+    access, epoch = await h.login(user, "phone")
+    assert (await h.register(access, _apns("phone", epoch, token)))[0] == 200
+    key = DeviceKey(h.tenant, user, "phone")
+    await h.digests(key, key)
+
+
+async def test_ten_messages_in_one_window_make_one_immediate_and_one_merged_notification(
+    harness: Harness,
+) -> None:
+    h = harness
+    token = "f5" * 32
+    await _registered(h, "frank", token)
+    for i in range(10):
+        await h.push(
+            "frank", "phone", event_id=f"e{i}", mailbox_seq=i + 1, conversation_id="g",
+            total_unread=i + 1, badge_projection_mailbox_seq=i + 1,
+        )  # fmt: skip
+    await h.push("frank", "phone", event_id="e0", mailbox_seq=1, conversation_id="g")  # a replay
+    got = await h.wait_received(token, 2)
+    first, merged = got[0]["payload"], got[1]["payload"]
+    assert first["aps"]["alert"]["body"] == "New message" and first["aps"]["badge"] == 1
+    assert merged["aps"]["alert"]["body"] == "9 new messages" and merged["aps"]["badge"] == 10
+    assert got[0]["headers"]["apns-collapse-id"] == got[1]["headers"]["apns-collapse-id"]
+    # the merged one came after the replay of e0 was consumed: nothing else was sent
+    assert len(await h.received(token)) == 2
+
+
+async def test_the_eleventh_alert_in_a_minute_becomes_a_silent_badge_update(
+    harness: Harness,
+) -> None:
+    h = harness
+    token = "a6" * 32
+    await _registered(h, "gina", token)
+    for i in range(11):
+        await h.push(
+            "gina", "phone", event_id=f"e{i}", mailbox_seq=i + 1, conversation_id=f"c{i}",
+            total_unread=i + 1, badge_projection_mailbox_seq=i + 1,
+        )  # fmt: skip
+    got = await h.wait_received(token, 11)
+    # the 11 deliveries run concurrently: compare as a set, not in arrival order
+    silent = [g for g in got if g["headers"]["apns-push-type"] == "background"]
+    assert len(silent) == 1 and len(got) == 11
+    assert silent[0]["payload"]["aps"] == {"badge": 11, "content-available": 1}
+    assert silent[0]["payload"]["event_id"] == "e10"
