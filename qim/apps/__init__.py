@@ -1,5 +1,5 @@
 """Faust apps, one per topic group: the only modules that wire agents, tables and topics."""
 
-APP_MODULES: tuple[str, ...] = ("qim.apps.conversation", "qim.apps.mailbox")
+APP_MODULES: tuple[str, ...] = ("qim.apps.conversation", "qim.apps.mailbox", "qim.apps.keys")
 
 __all__ = ["APP_MODULES"]

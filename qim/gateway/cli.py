@@ -144,6 +144,23 @@ def run_gateway(config: GatewayConfig, **options: object) -> None:
     help="Login sync with the MailboxNode (AUTH_OK sync fields, PULL_MAILBOX, SYNC_COMPLETE); "
     "on only with routing.",
 )
+@click.option(
+    "--prekeys/--no-prekeys",
+    envvar="QIM_PREKEYS",
+    default=True,
+    show_default=True,
+    help="PREKEY_PUBLISH / PREKEY_FETCH through the key worker (qim.apps.keys); on only with "
+    "routing.",
+)
+@click.option(
+    "--prekey-partitions",
+    "prekey_partitions",
+    type=click.IntRange(min=1),
+    envvar="QIM_PREKEY_PARTITION_COUNT",
+    default=8,
+    show_default=True,
+    help="Partitions of qim.prekey-requests (checked against the topic at start).",
+)
 def gateway(
     node_id: str,
     host: str,
@@ -160,6 +177,8 @@ def gateway(
     conversation_partitions: int,
     routing: bool,
     mailbox_sync: bool,
+    prekeys: bool,
+    prekey_partitions: int,
 ) -> None:
     """Run a ConnectionNode: WebSocket and TLS/TCP (ALPN qim/1) listeners, /metrics."""
     if not configure_logging(f"gateway:{node_id}"):
@@ -178,6 +197,8 @@ def gateway(
             route_requests=routing and bool(kafka_bootstrap),
             mailbox_sync=mailbox_sync and routing and bool(kafka_bootstrap),
             conversation_partition_count=conversation_partitions,
+            prekeys=prekeys and routing and bool(kafka_bootstrap),
+            prekey_partition_count=prekey_partitions,
             settings=Settings.load(),
         )
     except ValueError as exc:

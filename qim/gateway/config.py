@@ -15,7 +15,7 @@ from qim.core.push import FlowLimits
 from qim.gateway.session import SessionConfig
 from qim.params import Settings
 from qim.schemas.frames import HEADER_SIZE, Limits
-from qim.streams.topics import USER_REQUESTS
+from qim.streams.topics import PREKEY_REQUESTS, USER_REQUESTS
 
 __all__ = ["GatewayConfig", "is_loopback"]
 
@@ -58,6 +58,12 @@ class GatewayConfig:
     mailbox_sync: bool = False
     user_requests_topic: str = USER_REQUESTS.name
     mailbox_sync_timeout_ms: int = 5_000  # no MailboxReply by then: ERROR{SHARD_MOVED} + close
+    # E2EE key distribution (issue 23, §22.2): PREKEY_PUBLISH / PREKEY_FETCH to the key worker
+    # (``qim.apps.keys``). Off unless asked, like login sync; ``qim gateway`` turns it on with
+    # routing. Without it the frames are answered "not offered".
+    prekeys: bool = False
+    prekey_requests_topic: str = PREKEY_REQUESTS.name
+    prekey_partition_count: int = 8  # = the topic's partitions, checked at start
     settings: Settings = field(default_factory=Settings.load)
     unauth_connection_timeout_ms: int | None = None
     next_ping_interval_ms: int | None = None
@@ -90,6 +96,8 @@ class GatewayConfig:
             raise ValueError("conversation_partition_count must be positive")
         if self.mailbox_sync and not self.route_requests:
             raise ValueError("mailbox sync rides the request routing: it needs route_requests")
+        if self.prekeys and not self.route_requests:
+            raise ValueError("prekey requests ride the request routing: they need route_requests")
         if self.mailbox_sync_timeout_ms < 1:
             raise ValueError("mailbox_sync_timeout_ms must be positive")
         if (self.session_delta_merge_window_ms or 0) < 0:
