@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from qim.client.e2ee import DeviceKeys
 from qim.gateway.routing.replies import ReplyVerdict
+from qim.gateway.token_expiry import is_write
 from qim.schemas.frames import (
     Error,
     ErrorCode,
@@ -93,3 +94,8 @@ async def test_without_prekeys_the_frames_are_answered_not_offered() -> None:
         error = next(b for b in pipe.bodies() if isinstance(b, Error))
         assert error.request_id == 8 and "not offered" in error.detail
         assert h.producer.sent == []
+
+
+def test_a_fetch_is_a_write_for_the_token_grace_since_it_consumes_the_targets_keys() -> None:
+    assert is_write(PrekeyFetch(target_user_id="bob"))
+    assert is_write(DeviceKeys().publish_frame())
