@@ -10,14 +10,16 @@ the ciphertext byte for byte (read back from history and from a fresh login's ma
 the plaintext, and each of the three other devices decrypts it.
 
 Until device-filtered ``E2EE_KEY_DIST`` CONTROL events exist (22.2), the key distribution
-travels as an ordinary message with ``custom_type="qim.e2ee.key_dist.v1"``; each device opens
-only its own envelope.
+travels as a tenant-declared custom type, ``e2ee.key_dist.v1``, with the flags 22.2 gives
+E2EE_KEY_DIST (no unread, no session order, not on the timeline); every device of the
+conversation receives it in its mailbox and opens only its own envelope.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -30,17 +32,38 @@ from qim.client.e2ee import DeviceKeys
 from qim.client.e2ee_session import KeyDistribution, accept, initiate, open_sealed, seal
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, PREKEY_PARTITION_COUNT, Stack
 from qim.gateway.ownership.shards import ShardOwnership
-from qim.schemas.frames import HistoryMessage
+from qim.schemas.frames import SyncEntry
 from tests.gateway_support import Gateway, running_gateway
 from tests.integration.device_support import login
-from tests.integration.login_support import pipeline
+from tests.integration.mailbox_support import Node as MailboxWorker
+from tests.integration.test_admin_groups import WRITER_ENV, writer_serving
 from tests.integration.test_gateway_routing import SETTINGS
 from tests.integration.workers import FaustWorker
 
 pytestmark = pytest.mark.integration
 
-KEY_DIST = "qim.e2ee.key_dist.v1"
+KEY_DIST = "e2ee.key_dist.v1"  # a tenant type: the "qim." prefix is the server's
 MARKER = b"plaintext-marker-4f1c"
+KEY_DIST_TYPE = {
+    "custom_type": KEY_DIST, "schema_version": 1, "delivery_class": "persistent",
+    "counts_unread": False, "affects_session_order": False, "timeline_visible": False,
+    "anchor_mode": "none", "preview_template": "", "max_payload_bytes": 16384,
+    "minimum_client_version": "1.0",
+}  # fmt: skip
+
+
+@contextlib.asynccontextmanager
+async def pipeline(stack: Stack, base: Path) -> AsyncIterator[None]:
+    """The conversation worker (with the key-distribution type declared) and the mailbox."""
+    env = {**WRITER_ENV, "QIM_CUSTOM_TYPES": json.dumps({"*": [KEY_DIST_TYPE]})}
+    writer = FaustWorker(stack, "qim.apps.conversation", base / "conversation", env)
+    mailbox = MailboxWorker(stack, base / "mailbox")
+    try:
+        await asyncio.gather(asyncio.to_thread(writer.start), mailbox.start())
+        await asyncio.gather(writer_serving(writer), mailbox.serving(90.0))
+        yield
+    finally:
+        await asyncio.gather(asyncio.to_thread(writer.stop), mailbox.stop(), return_exceptions=True)
 
 
 @contextlib.asynccontextmanager
@@ -66,13 +89,15 @@ async def e2ee_gateway(stack: Stack, name: str) -> AsyncIterator[Gateway]:
         await ownership.stop()
 
 
-def receive(keys: DeviceKeys, me: str, messages: list[HistoryMessage], direct: str) -> bytes:
+def receive(
+    keys: DeviceKeys, me: str, entries: list[SyncEntry], direct: str, body_seq: int
+) -> bytes:
     """What a recipient device does: open its envelope, then the sealed body."""
-    (dist,) = [m for m in messages if m.custom_type == KEY_DIST]
+    (dist,) = [e for e in entries if e.custom_type == KEY_DIST]
     assert dist.payload_or_ciphertext is not None
     kd = msgspec.msgpack.decode(dist.payload_or_ciphertext, type=KeyDistribution)
     _, sender_key = accept(keys, kd.envelopes[me])
-    (body,) = [m for m in messages if m.custom_type != KEY_DIST]
+    (body,) = [e for e in entries if e.conversation_seq == body_seq]
     assert body.payload_or_ciphertext is not None
     return open_sealed(sender_key, direct, body.payload_or_ciphertext)
 
@@ -106,8 +131,8 @@ async def test_an_e2ee_message_is_stored_and_delivered_as_ciphertext_and_decrypt
                 for target, bundle in sorted(bundles.items())
             }
             dist = KeyDistribution(sender="alice/phone", key_id=1, envelopes=envelopes)
-            await phone.send_message(
-                direct, msgspec.msgpack.encode(dist), custom_type=KEY_DIST, peer_user_id="bob"
+            await phone.send_custom(
+                direct, KEY_DIST, msgspec.msgpack.encode(dist), peer_user_id="bob"
             )
             sealed = seal(sender_key, direct, MARKER)
             ack = await phone.send_message(direct, sealed, peer_user_id="bob")
@@ -118,22 +143,19 @@ async def test_an_e2ee_message_is_stored_and_delivered_as_ciphertext_and_decrypt
             assert stored[ack.conversation_seq] == sealed
             assert all(MARKER not in (p or b"") for p in stored.values())
 
-            # delivered: a fresh login of each of bob's devices syncs the same bytes
-            for name in ("bob/phone", "bob/laptop"):
+            # delivered: a fresh login of each other device syncs the same bytes, and decrypts
+            for name in ("bob/phone", "bob/laptop", "alice/laptop"):
                 await online[name].client.close()
                 again = await login(gw, tenant, *name.split("/"))
                 online[name] = again
+                mine = [e for e in again.entries if e.conversation_id == direct]
                 bodies = [
                     e.payload_or_ciphertext
-                    for e in again.entries
+                    for e in mine
                     if e.conversation_seq == ack.conversation_seq and e.body_included
                 ]
-                assert bodies == [sealed], again.entries
-
-            # decrypted on both of bob's devices and on alice's other device
-            for name in ("bob/phone", "bob/laptop", "alice/laptop"):
-                messages = list((await online[name].client.pull_history(direct, limit=10)).messages)
-                assert receive(devices[name], name, messages, direct) == MARKER
+                assert bodies == [sealed], mine
+                assert receive(devices[name], name, mine, direct, ack.conversation_seq) == MARKER
             for result in online.values():
                 await result.client.close()
     finally:
