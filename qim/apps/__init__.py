@@ -1,5 +1,10 @@
 """Faust apps, one per topic group: the only modules that wire agents, tables and topics."""
 
-APP_MODULES: tuple[str, ...] = ("qim.apps.conversation", "qim.apps.mailbox", "qim.apps.notify")
+APP_MODULES: tuple[str, ...] = (
+    "qim.apps.conversation",
+    "qim.apps.mailbox",
+    "qim.apps.notify",
+    "qim.apps.keys",
+)
 
 __all__ = ["APP_MODULES"]

@@ -24,6 +24,9 @@ from qim.schemas.frames import (
     MailboxBatch,
     MemberListBatch,
     OnlineReady,
+    PrekeyFetch,
+    PrekeyFetchDown,
+    PrekeyPublish,
     PullHistory,
     PullMailbox,
     PullMembers,
@@ -374,3 +377,19 @@ class FrameCalls:
             conversation_id=conversation_id, filter=filter, query=query, offset=offset, limit=limit
         )
         return await self._call(body, MemberListBatch, timeout)
+
+    async def publish_prekeys(
+        self, bundle: PrekeyPublish, *, timeout: float | None = None
+    ) -> PrekeyFetchDown:
+        """PREKEY_PUBLISH (A.3 #23, whole-bundle overwrite) -> the device's stored bundle as a
+        PREKEY_FETCH downlink (``one_time_remaining``; our reply, A.3 names none)."""
+        return await self._call(bundle, PrekeyFetchDown, timeout)
+
+    async def fetch_prekeys(
+        self, user_id: str, device_ids: tuple[str, ...] = (), *, timeout: float | None = None
+    ) -> PrekeyFetchDown:
+        """PREKEY_FETCH (A.3 #24) -> one bundle per target device (no ``device_ids``: all);
+        ``QimError(PREKEY_EXHAUSTED)`` when a device is out of one-time keys and the tenant
+        forbids the SignedPreKey fallback."""
+        body = PrekeyFetch(target_user_id=user_id, target_device_ids=device_ids)
+        return await self._call(body, PrekeyFetchDown, timeout)

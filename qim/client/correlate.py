@@ -38,6 +38,7 @@ from qim.schemas.frames import (
     Pong,
     PrekeyFetch,
     PrekeyFetchDown,
+    PrekeyPublish,
     PresenceSub,
     PresenceSubDown,
     PullHistory,
@@ -78,6 +79,7 @@ EXPECTED_REPLIES: Final[Mapping[type[Body], tuple[type[Body], ...]]] = MappingPr
         RoomJoin: (RoomBatch,),
         RoomReplay: (RoomBatch,),
         PrekeyFetch: (PrekeyFetchDown,),
+        PrekeyPublish: (PrekeyFetchDown,),  # ours: the device's stored bundle (A.3 names none)
         PullReactions: (ReactionList,),
         React: (ReactionUpdate,),
         PullMembers: (MemberListBatch,),

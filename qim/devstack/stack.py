@@ -28,6 +28,15 @@ LOCAL_BASE_DIR: Final = ROOT / ".run"
 
 # Not in Appendix B: the design fixes no partition count for the conversation-side topics.
 CONVERSATION_PARTITION_COUNT = 16
+# Ours too: the key worker's request topic and its co-partitioned DevicePreKeyBundle table. Few
+# partitions, since key traffic is rare (session setup, refills) and each is one RocksDB per table.
+PREKEY_PARTITION_COUNT = 8
+
+
+def prekey_partition_count() -> int:
+    """``QIM_PREKEY_PARTITION_COUNT`` or PREKEY_PARTITION_COUNT (the same locally and in tests:
+    key traffic is too rare for the count to matter to latency)."""
+    return int(os.environ.get("QIM_PREKEY_PARTITION_COUNT", PREKEY_PARTITION_COUNT))
 
 
 def default_partition_counts() -> dict[str, int]:
@@ -40,6 +49,7 @@ def default_partition_counts() -> dict[str, int]:
         "mailbox_shard_count": params.mailbox_shard_count,
         "connection_shard_count": params.connection_shard_count,
         "single_partition": 1,
+        "prekey_partition_count": prekey_partition_count(),
     }
 
 
@@ -75,7 +85,7 @@ def local_partition_counts() -> dict[str, int]:
             "connection_shard_count": counts["connection_shard_count"],
         }
     )
-    return {**counts, "single_partition": 1}
+    return {**counts, "single_partition": 1, "prekey_partition_count": prekey_partition_count()}
 
 
 def recorded_partitions(base_dir: Path) -> dict[str, Any] | None:
@@ -180,6 +190,7 @@ class StackConfig:
         WorkerSpec("conversation-1", "qim.apps.conversation", 16066),
         WorkerSpec("mailbox-1", "qim.apps.mailbox", 16067),
         WorkerSpec("notify-1", "qim.apps.notify", 16068),
+        WorkerSpec("keys-1", "qim.apps.keys", 16069),
     )
     gateways: tuple[GatewaySpec, ...] = (GatewaySpec(),)
     admins: tuple[AdminSpec, ...] = (AdminSpec(),)
@@ -207,6 +218,7 @@ class StackConfig:
             "QIM_AUTH_KEYS_FILE": str(self.base_dir / "auth-keys"),
             "QIM_CURSOR_KEYS_FILE": str(self.base_dir / "cursor-keys"),
             **{var: str(self.partition_counts[name]) for name, var in PARTITION_ENV.items()},
+            "QIM_PREKEY_PARTITION_COUNT": str(self.partition_counts["prekey_partition_count"]),
             "QIM_ADMIN_URL": self.admins[0].url if self.admins else "",
             "QIM_ADMIN_SECRET": self.admin_secret(),
             # one JSON object per log line (qim.observability.logging)

@@ -146,6 +146,23 @@ def run_gateway(config: GatewayConfig, **options: object) -> None:
     help="Login sync with the MailboxNode (AUTH_OK sync fields, PULL_MAILBOX, SYNC_COMPLETE); "
     "on only with routing.",
 )
+@click.option(
+    "--prekeys/--no-prekeys",
+    envvar="QIM_PREKEYS",
+    default=True,
+    show_default=True,
+    help="PREKEY_PUBLISH / PREKEY_FETCH through the key worker (qim.apps.keys); on only with "
+    "routing.",
+)
+@click.option(
+    "--prekey-partitions",
+    "prekey_partitions",
+    type=click.IntRange(min=1),
+    envvar="QIM_PREKEY_PARTITION_COUNT",
+    default=8,
+    show_default=True,
+    help="Partitions of qim.prekey-requests (checked against the topic at start).",
+)
 def gateway(
     node_id: str,
     host: str,
@@ -162,6 +179,8 @@ def gateway(
     conversation_partitions: int,
     routing: bool,
     mailbox_sync: bool,
+    prekeys: bool,
+    prekey_partitions: int,
 ) -> None:
     """Run a ConnectionNode: WebSocket and TLS/TCP (ALPN qim/1) listeners, /metrics."""
     if not configure_logging(f"gateway:{node_id}"):
@@ -181,6 +200,8 @@ def gateway(
             route_requests=routing and bool(kafka_bootstrap),
             mailbox_sync=mailbox_sync and routing and bool(kafka_bootstrap),
             conversation_partition_count=conversation_partitions,
+            prekeys=prekeys and routing and bool(kafka_bootstrap),
+            prekey_partition_count=prekey_partitions,
             settings=settings,
             tenant_settings=tenant_views(settings, os.environ.get("QIM_TENANT_OVERRIDES")),
         )

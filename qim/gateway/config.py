@@ -16,7 +16,7 @@ from qim.core.push import FlowLimits
 from qim.gateway.session import SessionConfig
 from qim.params import Settings
 from qim.schemas.frames import HEADER_SIZE, Limits
-from qim.streams.topics import USER_REQUESTS
+from qim.streams.topics import PREKEY_REQUESTS, USER_REQUESTS
 
 __all__ = ["GatewayConfig", "is_loopback"]
 
@@ -61,6 +61,12 @@ class GatewayConfig:
     mailbox_sync_timeout_ms: int = 5_000  # no MailboxReply by then: ERROR{SHARD_MOVED} + close
     # a PULL_MAILBOX / PULL_SESSION_LIST with no MailboxReply by then: ERROR{SHARD_MOVED}
     mailbox_request_timeout_ms: int = 10_000
+    # E2EE key distribution (issue 23, §22.2): PREKEY_PUBLISH / PREKEY_FETCH to the key worker
+    # (``qim.apps.keys``). Off unless asked, like login sync; ``qim gateway`` turns it on with
+    # routing. Without it the frames are answered "not offered".
+    prekeys: bool = False
+    prekey_requests_topic: str = PREKEY_REQUESTS.name
+    prekey_partition_count: int = 8  # = the topic's partitions, checked at start
     settings: Settings = field(default_factory=Settings.load)
     # per-tenant views (QIM_TENANT_OVERRIDES), for the per-user limits this node enforces
     tenant_settings: Mapping[str, Settings] = field(default_factory=dict)
@@ -97,6 +103,8 @@ class GatewayConfig:
             raise ValueError("mailbox sync rides the request routing: it needs route_requests")
         if self.mailbox_request_timeout_ms < 1:
             raise ValueError("mailbox_request_timeout_ms must be positive")
+        if self.prekeys and not self.route_requests:
+            raise ValueError("prekey requests ride the request routing: they need route_requests")
         if self.mailbox_sync_timeout_ms < 1:
             raise ValueError("mailbox_sync_timeout_ms must be positive")
         if (self.session_delta_merge_window_ms or 0) < 0:

@@ -35,7 +35,9 @@ __all__ = [
 # sends something to other users: §15.3.1 names SEND_MESSAGE, MARK_READ, RECALL, EDIT; the
 # rest follow its purpose ("users can still receive messages, just not send"):
 # CONVERSATION_STATE [ext] (pin/mute/archive), CREATE_GROUP / LEAVE_GROUP (membership),
-# REACT, PREKEY_PUBLISH (the device's key bundle), TYPING and RTC_SIGNAL (reach other users),
+# REACT, PREKEY_PUBLISH (the device's key bundle), PREKEY_FETCH (it consumes one of the target
+# device's one-time prekeys: a lapsed session must not drain them), TYPING and RTC_SIGNAL
+# (reach other users),
 # MEDIA_TICKET (an upload ticket; ``intent="download"`` is a read, see :func:`is_write`).
 WRITE_FRAMES: Final[frozenset[str]] = frozenset(
     {
@@ -48,6 +50,7 @@ WRITE_FRAMES: Final[frozenset[str]] = frozenset(
         "LEAVE_GROUP",
         "REACT",
         "PREKEY_PUBLISH",
+        "PREKEY_FETCH",
         "TYPING",
         "RTC_SIGNAL",
         "MEDIA_TICKET",
@@ -67,7 +70,6 @@ READ_FRAMES: Final[frozenset[str]] = frozenset(
         "ROOM_JOIN",
         "ROOM_LEAVE",
         "ROOM_REPLAY",
-        "PREKEY_FETCH",
         "PULL_REACTIONS",
         "PULL_MEMBERS",
     }

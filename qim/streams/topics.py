@@ -100,7 +100,7 @@ TO_GATEWAY = TopicSpec(
     key="(tenant, user_id) for replies, (tenant, conversation_id) for PushBatch",
     cleanup="delete",
     retention_ms=HOUR_MS,
-    producer="ConversationWriter, MailboxNode",
+    producer="ConversationWriter, MailboxNode, key worker (prekey replies, low-water notices)",
     consumer="ConnectionNode owning the ConnectionShard",
 )
 
@@ -165,6 +165,32 @@ PUSH_TASKS = TopicSpec(
     "(merge-window flush ticks)",
     consumer="NotificationService (`push_tasks` agent)",
 )
+PREKEY_REQUESTS = TopicSpec(
+    name="qim.prekey-requests",
+    partitions_param="prekey_partition_count",
+    partitioned_by="explicit partition = prekey_partition() (blake3 of the bundle owner's key)",
+    key="(tenant, user_id) of the bundle owner (publisher, or fetch target)",
+    cleanup="delete",
+    retention_ms=HOUR_MS,
+    producer="ConnectionNode (PREKEY_PUBLISH, PREKEY_FETCH)",
+    consumer=(
+        "key worker (`qim.apps.keys`, agent `prekeys`; table `DevicePreKeyBundle` is"
+        " co-partitioned)"
+    ),
+)
+PREKEY_BUNDLES_CHANGELOG = TopicSpec(
+    # Faust's own name for the table's changelog ({app_id}-{table}-changelog), declared here so
+    # it exists, compacted, before the first key worker joins: a group formed before its
+    # metadata is visible would give the agent request partitions with no table partitions.
+    name="qim-keys-DevicePreKeyBundle-changelog",
+    partitions_param="prekey_partition_count",
+    partitioned_by="the request partition the row was written from (co-partitioned)",
+    key="(tenant, user_id): one row per user, every device's bundle (7.14)",
+    cleanup="compact",
+    retention_ms=None,
+    producer="key worker (table `DevicePreKeyBundle`, acks=all, flushed before any reply)",
+    consumer="key worker taking a partition over (Faust table recovery)",
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONVERSATION_REQUESTS,
@@ -179,4 +205,6 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     DEVICE_TOKEN_COMMANDS,
     DEVICE_TOKEN_DIGEST,
     PUSH_TASKS,
+    PREKEY_REQUESTS,
+    PREKEY_BUNDLES_CHANGELOG,
 )

@@ -71,6 +71,7 @@ from qim.gateway.push.metrics import PushMetrics
 from qim.gateway.routing.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
 from qim.gateway.routing.mailbox_requests import MailboxRequests
 from qim.gateway.routing.metrics import RoutingMetrics
+from qim.gateway.routing.prekeys import PREKEY_FRAMES, PrekeyRequests
 from qim.gateway.routing.replies import ReplyVerdict, reply_send, resolve_reply
 from qim.gateway.routing.rules import Routed, not_offered, request_kind, route_frame
 from qim.gateway.routing.send_rate import UserMsgRate
@@ -190,6 +191,7 @@ class ConversationRouter:
         self._pump: asyncio.Task[None] | None = None
         self.mailbox: MailboxRequests | None = None  # login sync, when the node has it on
         self.send_rate: UserMsgRate | None = None  # per_user_msg_rate (send_rate.py)
+        self.prekeys: PrekeyRequests | None = None  # PREKEY_PUBLISH / _FETCH (``prekeys``)
         self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
         self.push_metrics: PushMetrics | None = None  # the node's (24.1.6, body_encode_count)
         self.metrics = RoutingMetrics(
@@ -236,6 +238,9 @@ class ConversationRouter:
         if isinstance(frame.body, SendMessage) and not self._admit_send(conn, frame):
             return
         if isinstance(frame.body, PullHistory) and not self._admit_history(conn, frame):
+            return
+        if self.prekeys is not None and isinstance(frame.body, PREKEY_FRAMES):
+            self.prekeys.handle(conn, frame)
             return
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(
@@ -366,6 +371,10 @@ class ConversationRouter:
             verdict = self.mailbox.session_push(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
             return verdict
+        if self.prekeys is not None and value and resolved.kind == "prekey_reply":
+            verdict = self.prekeys.deliver(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
         if value and resolved.kind == "push_batch":
             verdict = self.push(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
@@ -488,6 +497,12 @@ def build_router(
             "mailbox_shard_count",
             "MailboxNode",
         )
+    if config.prekeys:
+        extra[config.prekey_requests_topic] = (
+            config.prekey_partition_count,
+            "prekey_partition_count",
+            "key worker",
+        )
     forwarder = RequestForwarder(
         producer,
         config.requests_topic,
@@ -519,5 +534,15 @@ def build_router(
             request_timeout_ms=config.mailbox_request_timeout_ms,
             retry_after_ms=int(settings.reconnect_backoff.initial_ms),
             clock_ms=clock_ms,
+        )
+    if config.prekeys:
+        router.prekeys = PrekeyRequests(
+            forwarder,
+            registry,
+            shard_of,
+            metrics_registry,
+            topic=config.prekey_requests_topic,
+            partition_count=config.prekey_partition_count,
+            retry_after_ms=int(settings.region_failover_retry_after_ms),
         )
     return router

@@ -52,6 +52,10 @@ class PrekeyBundle(Body):
     signed_prekey: SignedPreKey | None = None
     one_time_prekey: OneTimePreKey | None = None
     one_time_exhausted: bool = False
+    one_time_remaining: U32 = 0
+    """[ext] How many one-time prekeys the server still holds for this device; set only in
+    the owner's own view (the reply to PREKEY_PUBLISH and the server-initiated low-water
+    PREKEY_FETCH with ``request_id=0``), omitted (0) in a bundle handed to another user."""
 
 
 class PrekeyFetchDown(Body):

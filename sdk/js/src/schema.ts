@@ -1758,6 +1758,11 @@ export const SCHEMA: SchemaTable = {
     "one_time_exhausted",
     "bool",
     false
+   ],
+   [
+    "one_time_remaining",
+    "u",
+    0
    ]
   ],
   "React": [
