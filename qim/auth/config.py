@@ -86,6 +86,8 @@ class AuthConfig:
     shards: ShardConfig = field(default_factory=lambda: configured_shards())
     """Must equal the gateway's and MailboxNode's routing config, or AUTH_OK routes wrongly."""
     key_prefix: str = "qim"
+    jwt_issuers_file: Path | None = None
+    """Standard JWTs a tenant's own backend mints (``qim.auth.standard_jwt``); None: qat1 only."""
 
     def __post_init__(self) -> None:
         _positive_ms(self.access_token_ttl_ms, "access_token_ttl_ms")
@@ -138,6 +140,9 @@ class AuthConfig:
         minimum = env.get("QIM_AUTH_MIN_CLIENT_VERSION", "").strip()
         if minimum:
             values["minimum_client_version"] = minimum
+        issuers = env.get("QIM_JWT_ISSUERS_FILE", "").strip()
+        if issuers:
+            values["jwt_issuers_file"] = Path(issuers)
         values.update(overrides)
         return cls(**values)  # type: ignore[arg-type]
 

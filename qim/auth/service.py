@@ -31,6 +31,7 @@ there (§15.3.2).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from collections.abc import Awaitable, Callable
@@ -42,6 +43,7 @@ from redis.asyncio import Redis
 from qim.auth import keys
 from qim.auth.config import AuthConfig
 from qim.auth.errors import PERMISSION_DENIED, TOKEN_REVOKED, UPGRADE_REQUIRED, AuthError
+from qim.auth.standard_jwt import JwtIssuers, looks_like_jwt
 from qim.auth.tokens import AccessClaims, Issued, KeyRing, RouteClaims, TokenCodec, check_id
 from qim.auth.versions import client_version_at_least
 from qim.schemas.routing import connection_shard_id, lane_id, mailbox_shard_id, user_bucket
@@ -183,10 +185,19 @@ class AuthService:
     ) -> None:
         self._redis = redis
         self._config = config if config is not None else AuthConfig()
-        self._codec = TokenCodec(keyring, clock_skew_ms=self._config.clock_skew_ms)
+        path = self._config.jwt_issuers_file
+        self._jwt = JwtIssuers.load(path) if path is not None else None
+        self._codec = TokenCodec(
+            keyring, clock_skew_ms=self._config.clock_skew_ms, jwt_issuers=self._jwt
+        )
         self._sink = revocation_sink
         self._check_script = redis.register_script(_CHECK_AND_ALLOCATE)
         self._watermark_script = redis.register_script(_RAISE_WATERMARK)
+
+    async def _prefetch(self, token: str) -> None:
+        """A JWT whose issuer publishes a JWKS URL: fetch an unseen kid off the event loop."""
+        if self._jwt is not None and looks_like_jwt(token):
+            await asyncio.to_thread(self._jwt.prefetch, token)
 
     @property
     def config(self) -> AuthConfig:
@@ -314,6 +325,7 @@ class AuthService:
         session, §27.1.3). A failed AUTH never consumes a ``session_epoch``.
         """
         now = _now(now_ms)
+        await self._prefetch(token)
         claims = self._codec.verify_access(token, now_ms=now)
         device = self._presented_device(device_id, claims)
         minimum = self._version_ok(claims.tenant_id, client_version)
@@ -343,6 +355,7 @@ class AuthService:
         allocated and nothing is written.
         """
         now = _now(now_ms)
+        await self._prefetch(token)
         claims = self._codec.verify_access(token, now_ms=now)
         if (claims.tenant_id, claims.user_id) != (bound.tenant_id, bound.user_id):
             raise _deny("identity_mismatch", "identity_mismatch")

@@ -39,7 +39,7 @@ import re
 import secrets
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final, Generic, Literal, TypeVar
+from typing import Any, Final, Generic, Literal, Protocol, TypeVar
 
 from qim.auth.errors import PERMISSION_DENIED, TOKEN_EXPIRED, AuthError
 
@@ -57,6 +57,7 @@ __all__ = [
     "SigningKey",
     "TokenCodec",
     "check_id",
+    "looks_like_jwt",
 ]
 
 ACCESS_TOKEN_TYPE: Final = "qat1"
@@ -366,18 +367,36 @@ def _expiry(now_ms: int, ttl_ms: int) -> int:
     return now_ms + ttl_ms
 
 
+class JwtVerifier(Protocol):
+    """Standard JWTs of the configured issuers (``qim.auth.standard_jwt.JwtIssuers``)."""
+
+    def verify(self, token: str, *, now_ms: int, clock_skew_ms: int) -> AccessClaims: ...
+
+
+def looks_like_jwt(token: object) -> bool:
+    """Three parts with a JSON header: never a ``qat1`` / ``qrt1`` token (four parts)."""
+    return isinstance(token, str) and token.count(".") == 2 and token.startswith("eyJ")
+
+
 class TokenCodec:
     """Signs and verifies both token kinds with one :class:`KeyRing` and one clock-skew rule."""
 
-    __slots__ = ("_clock_skew_ms", "_keyring")
+    __slots__ = ("_clock_skew_ms", "_jwt", "_keyring")
 
-    def __init__(self, keyring: KeyRing, *, clock_skew_ms: int = DEFAULT_CLOCK_SKEW_MS) -> None:
+    def __init__(
+        self,
+        keyring: KeyRing,
+        *,
+        clock_skew_ms: int = DEFAULT_CLOCK_SKEW_MS,
+        jwt_issuers: JwtVerifier | None = None,
+    ) -> None:
         if isinstance(clock_skew_ms, bool) or not isinstance(clock_skew_ms, int):
             raise ValueError("clock_skew_ms must be an int")
         if clock_skew_ms < 0:
             raise ValueError("clock_skew_ms must be >= 0")
         self._keyring = keyring
         self._clock_skew_ms = clock_skew_ms
+        self._jwt = jwt_issuers
 
     @property
     def keyring(self) -> KeyRing:
@@ -504,6 +523,8 @@ class TokenCodec:
         Revocation is not checked here (it needs the store): see ``AuthService.authenticate``.
         """
         _check_time(now_ms, "now_ms")
+        if self._jwt is not None and isinstance(token, str) and looks_like_jwt(token):
+            return self._jwt.verify(token, now_ms=now_ms, clock_skew_ms=self._clock_skew_ms)
         kid, obj = self._open(token, ACCESS_TOKEN_TYPE)
         try:
             claims = AccessClaims.from_json(obj, kid)
