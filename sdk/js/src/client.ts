@@ -89,8 +89,17 @@ export type ClientEvent =
   | { type: 'sessions'; conversationIds: string[] }
   | { type: 'badge' }
   | { type: 'read_sync'; conversationId: string; readConversationSeq: number }
+  | { type: 'reactions'; conversationId: string; conversationSeq: number; reactions: MessageReactions }
   | { type: 'frame'; frame: Frame }
   | { type: 'error'; error: Error };
+
+/** A message's reaction aggregate as the client knows it (REACTION_UPDATE is absolute, 13.6). */
+export interface MessageReactions {
+  counts: Record<string, number>;
+  summaryVersion: number;
+  /** this user's own keys; a frame that omits them leaves them unchanged */
+  selfReactionKeys: string[];
+}
 
 interface Pending {
   reply: string;
@@ -472,6 +481,9 @@ export class QimClient {
         this.emit({ type: 'sessions', conversationIds: [conv] });
         return;
       }
+      case 'REACTION_UPDATE':
+        this.applyReactionUpdate(body);
+        return;
       case 'KICKED':
         this.close();
         this.emit({ type: 'error', error: new Disconnected(`kicked: ${body.reason as string}`) });
@@ -557,5 +569,37 @@ export class QimClient {
 
   async edit(conversationId: string, targetConversationSeq: number, newPayload: Uint8Array): Promise<Body> {
     return (await this.request('EDIT', { conversation_id: conversationId, target_conversation_seq: targetConversationSeq, new_payload: newPayload }, 'SEND_ACK')).body;
+  }
+
+  /** Reaction aggregates by `${conversationId}:${conversationSeq}`, newest version only. */
+  readonly reactions = new Map<string, MessageReactions>();
+
+  /** REACT -> the absolute REACTION_UPDATE (a repeated add or a remove of nothing changes nothing). */
+  async react(conversationId: string, conversationSeq: number, reactionKey: string, action: 'add' | 'remove' = 'add'): Promise<MessageReactions | undefined> {
+    const frame = await this.request('REACT', { conversation_id: conversationId, conversation_seq: conversationSeq, reaction_key: reactionKey, action }, 'REACTION_UPDATE');
+    this.applyReactionUpdate(frame.body);
+    return this.reactions.get(`${conversationId}:${conversationSeq}`);
+  }
+
+  /** PULL_REACTIONS -> one REACTION_LIST page of who reacted with `reactionKey` (`users` empty above the detail limits, `total` always). */
+  async pullReactions(conversationId: string, conversationSeq: number, reactionKey: string, opts: { offset?: number; limit?: number } = {}): Promise<{ users: string[]; total: number }> {
+    const body = (await this.request('PULL_REACTIONS', { conversation_id: conversationId, conversation_seq: conversationSeq, reaction_key: reactionKey, offset: opts.offset ?? 0, limit: opts.limit ?? 0 }, 'REACTION_LIST')).body;
+    return { users: [...((body.users as string[] | undefined) ?? [])], total: num(body.total ?? 0) };
+  }
+
+  /** Apply an absolute REACTION_UPDATE only if its summary_version is newer than the one held. */
+  private applyReactionUpdate(body: Body): void {
+    const conversationId = body.conversation_id as string;
+    const conversationSeq = num(body.conversation_seq);
+    const key = `${conversationId}:${conversationSeq}`;
+    const version = num(body.summary_version ?? 0);
+    const held = this.reactions.get(key);
+    if (held && held.summaryVersion >= version) return;
+    const counts: Record<string, number> = {};
+    for (const [k, v] of Object.entries((body.counts as Record<string, number> | undefined) ?? {})) counts[k] = num(v);
+    const self = body.self_reaction_keys as string[] | null | undefined;
+    const reactions = { counts, summaryVersion: version, selfReactionKeys: self ? [...self] : (held?.selfReactionKeys ?? []) };
+    this.reactions.set(key, reactions);
+    this.emit({ type: 'reactions', conversationId, conversationSeq, reactions });
   }
 }

@@ -176,3 +176,29 @@ test('a push above the cursor triggers a catch-up pull that moves the cursor, wi
   assert.deepEqual(seen, [1, 5]);
   c.close();
 });
+
+test('REACT answers with the absolute aggregate; pushed updates apply only when newer and keep own keys', async () => {
+  const server = fakeServer(standardHandlers([], {
+    extra: {
+      REACT: (body, h, s, ws) => reply(ws, 'REACTION_UPDATE', {
+        conversation_id: body.conversation_id, conversation_seq: body.conversation_seq,
+        counts: { [body.reaction_key]: 2 }, summary_version: 5, self_reaction_keys: [body.reaction_key],
+      }, h.requestId),
+      PULL_REACTIONS: (body, h, s, ws) => reply(ws, 'REACTION_LIST', { users: ['alice', 'bob'], total: 2 }, h.requestId),
+    },
+  }));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', WebSocket: server.WebSocket });
+  const seen = [];
+  c.on((e) => { if (e.type === 'reactions') seen.push(e.reactions.summaryVersion); });
+  await c.start();
+  const mine = await c.react('g:team', 3, 'like');
+  assert.deepEqual(mine, { counts: { like: 2 }, summaryVersion: 5, selfReactionKeys: ['like'] });
+  const react = server.received.find((f) => f.name === 'REACT');
+  assert.deepEqual([react.body.reaction_key, react.body.action], ['like', 'add']);
+  server.push('REACTION_UPDATE', { conversation_id: 'g:team', conversation_seq: 3, counts: { like: 1 }, summary_version: 4 });
+  server.push('REACTION_UPDATE', { conversation_id: 'g:team', conversation_seq: 3, counts: { like: 3, ok: 1 }, summary_version: 6 });
+  assert.deepEqual(c.reactions.get('g:team:3'), { counts: { like: 3, ok: 1 }, summaryVersion: 6, selfReactionKeys: ['like'] });
+  assert.deepEqual(seen, [5, 6]); // version 4 was older: not applied
+  assert.deepEqual(await c.pullReactions('g:team', 3, 'like'), { users: ['alice', 'bob'], total: 2 });
+  c.close();
+});
