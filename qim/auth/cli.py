@@ -111,6 +111,7 @@ def serve(host: str, port: int, redis_url: str, admin_secret: str) -> None:
     from redis.asyncio import Redis
 
     from qim.auth.admin import AdminServer, serve_admin
+    from qim.auth.redis_check import UnsafeRedisError, ensure_safe_redis
     from qim.auth.service import AuthService
 
     try:
@@ -126,6 +127,7 @@ def serve(host: str, port: int, redis_url: str, admin_secret: str) -> None:
     async def run() -> None:
         redis = Redis.from_url(redis_url)
         try:
+            await ensure_safe_redis(redis)  # M-6: refuse before serving
             await serve_admin(
                 AuthService(redis, keyring, config), admin_secret, host=host, port=port, ready=ready
             )
@@ -136,5 +138,5 @@ def serve(host: str, port: int, redis_url: str, admin_secret: str) -> None:
         runtime.run(run())
     except KeyboardInterrupt:
         pass
-    except ValueError as exc:
+    except (ValueError, UnsafeRedisError) as exc:
         raise click.ClickException(str(exc)) from None

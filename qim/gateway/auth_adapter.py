@@ -17,6 +17,7 @@ from redis.asyncio import Redis
 from qim.auth import AuthConfig, AuthError, AuthService, load_keyring
 from qim.auth import AuthGrant as ServiceGrant
 from qim.auth.config import configured_shards
+from qim.auth.redis_check import ensure_safe_redis
 from qim.gateway.ports import AuthGrant, AuthRejected, AuthRequest, RouteToken
 from qim.params import Settings
 from qim.schemas.frames import ErrorCode
@@ -109,6 +110,11 @@ async def connect_auth_service(
     counts from ``settings`` so AUTH_OK and the gateway route identically.
     """
     redis = Redis.from_url(redis_url)
+    try:
+        await ensure_safe_redis(redis)  # before serving: M-6, issue 21
+    except BaseException:
+        await redis.aclose()
+        raise
     keyring, _source = load_keyring()
     service = AuthService(redis, keyring, AuthConfig.from_env(shards=configured_shards(settings)))
 

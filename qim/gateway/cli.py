@@ -107,7 +107,12 @@ def run_gateway(config: GatewayConfig, **options: object) -> None:
                 loop.add_signal_handler(sig, stop.set)
         await serve_gateway(config, stop=stop, **options)  # type: ignore[arg-type]
 
-    runtime.run(main())
+    from qim.auth.redis_check import UnsafeRedisError
+
+    try:
+        runtime.run(main())
+    except UnsafeRedisError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
 @click.command("gateway")
