@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from typing import cast
 
 import click
 
@@ -83,6 +84,75 @@ def issue(
         click.echo(issued.token)
 
 
+@token.command("revoke")
+@click.option("--tenant", "tenant_id", default=None, help="With --user: the user's tenant_id.")
+@click.option("--user", "user_id", default=None, help="Every device of this user ...")
+@click.option("--device", "device_id", default=None, help="... or only this device_id.")
+@click.option("--token-id", default=None, help="Or one token (its token_id, or a JWT's jti).")
+@click.option(
+    "--reason",
+    type=click.Choice(["token_revoked", "admin", "banned"]),
+    default="token_revoked",
+    show_default=True,
+)
+@click.option(
+    "--redis-url", envvar="QIM_REDIS_URL", default="redis://127.0.0.1:16379/0", show_default=True
+)
+@click.option(
+    "--bootstrap", envvar="QIM_KAFKA_BOOTSTRAP", default="127.0.0.1:19092", show_default=True
+)
+def revoke(
+    tenant_id: str | None,
+    user_id: str | None,
+    device_id: str | None,
+    token_id: str | None,
+    reason: str,
+    redis_url: str,
+    bootstrap: str,
+) -> None:
+    """Revoke a token, a device or a user: the next login is refused (Redis) and every live
+    session it ends is kicked on every gateway (qim.revocations)."""
+    from redis.asyncio import Redis
+
+    from qim.auth.revocation_sink import KafkaRevocationSink
+    from qim.auth.service import AuthService, KickReason
+
+    if (token_id is None) == (user_id is None) or (user_id is not None and tenant_id is None):
+        raise click.UsageError("give --token-id, or --tenant and --user (and maybe --device)")
+    config = AuthConfig.from_env()
+    keyring, _source = load_keyring()
+
+    async def run() -> dict[str, object]:
+        redis = Redis.from_url(redis_url)
+        sink = KafkaRevocationSink(bootstrap)
+        await sink.start()
+        try:
+            service = AuthService(redis, keyring, config, revocation_sink=sink)
+            kick = cast(KickReason, reason)  # one of click's choices
+            if token_id is not None:
+                done = await service.revoke_token(token_id, reason=kick)
+            elif device_id is not None:
+                assert tenant_id is not None and user_id is not None
+                done = await service.revoke_device(
+                    tenant_id,
+                    user_id,
+                    device_id,
+                    reason=kick,
+                )
+            else:
+                assert tenant_id is not None and user_id is not None
+                done = await service.revoke_user(tenant_id, user_id, reason=kick)
+            return done.to_json()
+        finally:
+            await sink.stop()
+            await redis.aclose()
+
+    try:
+        click.echo(json.dumps(runtime.run(run())))
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @token.command("keygen")
 @click.option("--kid", default=None, help="Key id ([A-Za-z0-9_-]{1,32}); random if omitted.")
 def keygen(kid: str | None) -> None:
@@ -112,6 +182,7 @@ def serve(host: str, port: int, redis_url: str, admin_secret: str) -> None:
 
     from qim.auth.admin import AdminServer, serve_admin
     from qim.auth.redis_check import UnsafeRedisError, ensure_safe_redis
+    from qim.auth.revocation_sink import KafkaRevocationSink
     from qim.auth.service import AuthService
 
     try:
@@ -126,12 +197,17 @@ def serve(host: str, port: int, redis_url: str, admin_secret: str) -> None:
 
     async def run() -> None:
         redis = Redis.from_url(redis_url)
+        bootstrap = os.environ.get("QIM_KAFKA_BOOTSTRAP", "").strip()
+        sink = KafkaRevocationSink(bootstrap) if bootstrap else None
         try:
             await ensure_safe_redis(redis)  # M-6: refuse before serving
-            await serve_admin(
-                AuthService(redis, keyring, config), admin_secret, host=host, port=port, ready=ready
-            )
+            if sink is not None:
+                await sink.start()  # revocations reach live sessions (qim.revocations)
+            service = AuthService(redis, keyring, config, revocation_sink=sink)
+            await serve_admin(service, admin_secret, host=host, port=port, ready=ready)
         finally:
+            if sink is not None:
+                await sink.stop()
             await redis.aclose()
 
     try:

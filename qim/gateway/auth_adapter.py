@@ -98,6 +98,8 @@ def _grant(grant: ServiceGrant, redirected: bool) -> AuthGrant:
         session_epoch=grant.session_epoch,
         token_expires_at_ms=grant.expires_at_ms,
         redirected=redirected,
+        token_id=grant.token_id,
+        token_issued_at_ms=grant.issued_at_ms,
     )
 
 

@@ -206,6 +206,7 @@ def gateway(
             mailbox_sync=mailbox_sync and routing and bool(kafka_bootstrap),
             conversation_partition_count=conversation_partitions,
             prekeys=prekeys and routing and bool(kafka_bootstrap),
+            follow_revocations=bool(kafka_bootstrap),
             prekey_partition_count=prekey_partitions,
             settings=settings,
             tenant_settings=tenant_views(settings, os.environ.get("QIM_TENANT_OVERRIDES")),

@@ -16,7 +16,7 @@ from qim.core.push import FlowLimits
 from qim.gateway.session import SessionConfig
 from qim.params import Settings
 from qim.schemas.frames import HEADER_SIZE, Limits
-from qim.streams.topics import PREKEY_REQUESTS, USER_REQUESTS
+from qim.streams.topics import PREKEY_REQUESTS, REVOCATIONS, USER_REQUESTS
 
 __all__ = ["GatewayConfig", "is_loopback"]
 
@@ -65,6 +65,10 @@ class GatewayConfig:
     # (``qim.apps.keys``). Off unless asked, like login sync; ``qim gateway`` turns it on with
     # routing. Without it the frames are answered "not offered".
     prekeys: bool = False
+    # live revocation (issue 21, 15.3.2): follow qim.revocations and kick the sessions a
+    # revocation ends. Off unless asked; ``qim gateway`` turns it on when it has Kafka.
+    follow_revocations: bool = False
+    revocations_topic: str = REVOCATIONS.name
     prekey_requests_topic: str = PREKEY_REQUESTS.name
     prekey_partition_count: int = 8  # = the topic's partitions, checked at start
     settings: Settings = field(default_factory=Settings.load)

@@ -19,7 +19,10 @@ import time
 from collections.abc import Callable
 from itertools import count
 
+from prometheus_client import Counter
+
 from qim.core.push import BudgetDecision, FlowState
+from qim.core.revocation import revocation_hits
 from qim.gateway.actions import Authenticate, CloseReason, Count, Send
 from qim.gateway.admission import ConnectAdmission, Refusal
 from qim.gateway.config import GatewayConfig
@@ -30,6 +33,7 @@ from qim.gateway.ports import Authenticator, OwnAll, Ownership, PresenceSink
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
 from qim.gateway.push.delta_merge import SessionFrameMerge
 from qim.gateway.push.metrics import SendQueue
+from qim.gateway.revocations import RevocationFollower
 from qim.gateway.routing.forwarder import RequestProducer
 from qim.gateway.routing.router import ConversationRouter, ReplySource, build_router
 from qim.gateway.routing.rules import not_offered
@@ -41,6 +45,7 @@ from qim.gateway.transport.listeners import Listeners
 from qim.gateway.wheel import TimingWheel
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox
 from qim.schemas.records.presence import PresenceKey
+from qim.schemas.records.revocation import RevocationNotice
 from qim.streams.producer import replaced_counter
 
 __all__ = ["ConnectionNode", "wall_clock_ms"]
@@ -102,6 +107,20 @@ class ConnectionNode:
         )
         # issue 15: the request and presence producers replace themselves after a broker restart
         self.producer_replaced = replaced_counter(self.metrics.registry, "gateway")
+        self.revocation_kicks = Counter(
+            "qim_gateway_revocation_kicks",
+            "live sessions ended by a qim.revocations record, by scope",
+            ["scope"],
+            registry=self.metrics.registry,
+        )
+        self._revocations: RevocationFollower | None = None
+        if config.follow_revocations and config.kafka_bootstrap:
+            self._revocations = RevocationFollower(
+                config.kafka_bootstrap,
+                config.revocations_topic,
+                self.revoke_live,
+                on_malformed=self._malformed_revocation,
+            )
         self.send_budget = NodeSendBudget(  # 11.3.3: the sum of every socket's send buffer
             config.settings.node_send_buffer_budget.resolve(available_memory_bytes()),
             clock_ms,
@@ -146,6 +165,8 @@ class ConnectionNode:
     async def start(self) -> None:
         if self._writer is not None:
             await self._writer.start()
+        if self._revocations is not None:
+            await self._revocations.start()
         if self.router is not None:
             source = self.ownership if isinstance(self.ownership, ReplySource) else None
             await self.router.start(source)
@@ -171,6 +192,8 @@ class ConnectionNode:
                 await task
         if self.router is not None:
             await self.router.stop()
+        if self._revocations is not None:
+            await self._revocations.stop()
         if self._writer is not None:
             await self._writer.stop()
         await self.listeners.stop_metrics()
@@ -235,6 +258,35 @@ class ConnectionNode:
                     detail="connection_shard moved",
                 )
                 slot.conn.apply(slot.conn.session.refuse(moved, now))
+
+    def _malformed_revocation(self) -> None:
+        log.warning("a qim.revocations record did not decode; skipped")
+        self.revocation_kicks.labels(scope="malformed_record").inc()
+
+    def revoke_live(self, notice: RevocationNotice) -> None:
+        """KICKED{reason} + close for every live session ``notice`` revokes (15.3.2)."""
+        now = self.clock_ms()
+        if notice.scope == "token":
+            slots = [slot for *_ids, slot in self.registry]
+        elif notice.tenant_id is None or notice.user_id is None:
+            return
+        else:
+            slots = list(self.registry.devices(notice.tenant_id, notice.user_id).values())
+        for slot in slots:
+            conn = slot.conn
+            grant = conn.session.grant
+            if grant is None or conn.closing:
+                continue
+            if revocation_hits(
+                notice,
+                tenant_id=grant.tenant_id,
+                user_id=grant.user_id,
+                device_id=grant.device_id,
+                token_id=grant.token_id,
+                token_issued_at_ms=grant.token_issued_at_ms,
+            ):
+                conn.apply(conn.session.kick(notice.reason, None, now))
+                self.revocation_kicks.labels(scope=notice.scope).inc()
 
     # -- ConnectionHooks ----------------------------------------------------------------------
 

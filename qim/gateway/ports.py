@@ -60,6 +60,8 @@ class AuthGrant:
     session_epoch: int
     token_expires_at_ms: int | None = None
     redirected: bool = False  # a valid, unused route token came with the AUTH (§5.3.2)
+    token_id: str | None = None  # which token, for live revocation (qim.revocations)
+    token_issued_at_ms: int | None = None  # a device / user watermark revokes it if <= at
 
 
 class AuthRejected(Exception):

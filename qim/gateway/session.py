@@ -243,7 +243,12 @@ class Session(SessionPushes):
             return []
         if renewal and self.grant is not None:  # only the expiry moves (AT-93)
             exp = grant.token_expires_at_ms
-            self.grant = replace(self.grant, token_expires_at_ms=exp)
+            self.grant = replace(
+                self.grant,
+                token_expires_at_ms=exp,
+                token_id=grant.token_id,
+                token_issued_at_ms=grant.token_issued_at_ms,
+            )
         else:
             self.grant, self.lane_id = grant, lane_id
             self._decoder.lift()

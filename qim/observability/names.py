@@ -302,6 +302,15 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
         "RATE_LIMITED with the retry_after_ms of the bucket's next unpromised token "
         "(qim.core.ratelimit)",
     ),
+    # 15.3.2: live revocation through qim.revocations; the spec names no metric for it
+    _m(
+        "live sessions kicked by a revocation (ConnectionNode)",
+        "15.3.2",
+        "gateway",
+        ("qim_gateway_revocation_kicks_total",),
+        note='scope="token" | "device" | "user" (and "malformed_record" for a record that did '
+        "not decode)",
+    ),
     # 11.3.1: DEGRADED drops the pending real-time queue; the spec names no metric for it
     _m(
         "DEGRADED real-time drops (11.3.1)",

@@ -192,6 +192,17 @@ PREKEY_BUNDLES_CHANGELOG = TopicSpec(
     consumer="key worker taking a partition over (Faust table recovery)",
 )
 
+REVOCATIONS = TopicSpec(
+    name="qim.revocations",
+    partitions_param="single_partition",
+    partitioned_by="one partition: every gateway reads every revocation, in order",
+    key="(tenant, user_id) or token_id",
+    cleanup="delete",
+    retention_ms=DAY_MS,
+    producer="AuthService (`qim token serve`, `qim token revoke`), after the Redis record",
+    consumer="every ConnectionNode, from its end at start (kicks live sessions it revokes)",
+)
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONVERSATION_REQUESTS,
     OUTBOX,
@@ -207,4 +218,5 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     PUSH_TASKS,
     PREKEY_REQUESTS,
     PREKEY_BUNDLES_CHANGELOG,
+    REVOCATIONS,
 )
