@@ -6,6 +6,13 @@ beyond loopback (§20.1: nothing is trusted for being on the internal network).
 
 ``POST /v1/tokens``      ``{tenant_id, user_id, device_id?, ttl_s?}``
                          -> ``200 {access_token, token_id, issued_at, expires_at}`` (Unix ms)
+``POST /v1/tokens`` with ``refresh: true`` and a ``device_id`` (a login)
+                         -> ``200 {access_token, expires_at, refresh_token, refresh_expires_at}``
+``POST /v1/token/refresh`` ``{refresh_token}`` -- the client's own call, no admin secret (the
+                         refresh token is the credential; ``qim.auth.refresh``): the same
+                         answer with a rotated refresh token; ``401`` unknown / expired,
+                         ``403 {error: TOKEN_REVOKED}`` revoked or reused (reuse revokes the
+                         family and the device)
 ``POST /v1/revocations`` one of
                          ``{token_id, until?}``                        one token (until: exp ms)
                          ``{tenant_id, user_id, device_id, reason?}``  one device
@@ -29,7 +36,9 @@ from typing import Any, Final, cast
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from qim.auth.service import AuthService, KickReason
+from qim.auth.errors import PERMISSION_DENIED, AuthError
+from qim.auth.refresh import Refreshed, RefreshTokens
+from qim.auth.service import AuthService, KickReason, now_ms
 
 __all__ = [
     "ADMIN_SECRET_HEADER",
@@ -46,6 +55,8 @@ DEFAULT_ADMIN_HOST: Final = "127.0.0.1"
 DEFAULT_ADMIN_PORT: Final = 16090
 _MAX_BODY_BYTES: Final = 64 * 1024
 _SERVICE: Final = web.AppKey("auth_service", AuthService)
+_REFRESH: Final = web.AppKey("refresh_tokens", RefreshTokens)
+REFRESH_PATH: Final = "/v1/token/refresh"
 
 
 class _BadRequest(Exception):
@@ -86,6 +97,11 @@ async def _issue(request: web.Request) -> web.Response:
     ttl_s = body.get("ttl_s")
     if ttl_s is not None and (isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float)):
         raise _BadRequest("ttl_s must be a number")
+    if body.get("refresh") is True:  # a login: the first refresh token of a new family too
+        if device_id is None or ttl_s is not None:
+            raise _BadRequest("refresh needs device_id and the default ttl")
+        pair = await request.app[_REFRESH].issue(tenant_id, user_id, device_id, now_ms=now_ms())
+        return web.json_response(_refreshed(pair))
     issued = await service.issue(tenant_id, user_id, device_id, ttl_s=ttl_s)
     return web.json_response(
         {
@@ -120,11 +136,32 @@ async def _revoke(request: web.Request) -> web.Response:
     return web.json_response({"revocation": revocation.to_json()})
 
 
+def _refreshed(pair: Refreshed) -> dict[str, object]:
+    return {
+        "access_token": pair.access_token,
+        "expires_at": pair.expires_at_ms,
+        "refresh_token": pair.refresh_token,
+        "refresh_expires_at": pair.refresh_expires_at_ms,
+    }
+
+
+async def _refresh(request: web.Request) -> web.Response:
+    """The client's own call: the refresh token is the credential (no admin secret)."""
+    body = await _json_object(request)
+    token = _str_field(body, "refresh_token", required=True)
+    try:
+        pair = await request.app[_REFRESH].refresh(token, now_ms=now_ms())
+    except AuthError as exc:
+        status = 401 if exc.code == PERMISSION_DENIED else 403
+        return web.json_response({"error": exc.code, "detail": exc.detail}, status=status)
+    return web.json_response(_refreshed(pair))
+
+
 def _guard(admin_secret: bytes) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         presented = request.headers.get(ADMIN_SECRET_HEADER, "").encode("utf-8", "replace")
-        if not hmac.compare_digest(presented, admin_secret):
+        if request.path != REFRESH_PATH and not hmac.compare_digest(presented, admin_secret):
             return _error(401, "unauthorized")
         try:
             return await handler(request)
@@ -136,7 +173,9 @@ def _guard(admin_secret: bytes) -> Middleware:
     return guard
 
 
-def make_admin_app(service: AuthService, admin_secret: str) -> web.Application:
+def make_admin_app(
+    service: AuthService, admin_secret: str, refresh: RefreshTokens | None = None
+) -> web.Application:
     """The admin aiohttp app; every route requires ``X-Qim-Admin-Secret: <admin_secret>``."""
     if len(admin_secret) < 16:
         raise ValueError("admin_secret must be at least 16 characters")
@@ -144,8 +183,15 @@ def make_admin_app(service: AuthService, admin_secret: str) -> web.Application:
         middlewares=[_guard(admin_secret.encode("utf-8"))], client_max_size=_MAX_BODY_BYTES
     )
     app[_SERVICE] = service
+    app[_REFRESH] = refresh or RefreshTokens(
+        service,
+        service.redis,
+        ttl_ms=service.config.refresh_token_ttl_ms,
+        key_prefix=service.config.key_prefix,
+    )
     app.router.add_post("/v1/tokens", _issue)
     app.router.add_post("/v1/revocations", _revoke)
+    app.router.add_post(REFRESH_PATH, _refresh)
     return app
 
 

@@ -86,6 +86,8 @@ class AuthConfig:
     shards: ShardConfig = field(default_factory=lambda: configured_shards())
     """Must equal the gateway's and MailboxNode's routing config, or AUTH_OK routes wrongly."""
     key_prefix: str = "qim"
+    refresh_token_ttl_ms: int = 30 * 86_400_000
+    """Appendix B ``refresh_token_ttl`` (30 d, sliding: every rotation starts it again)."""
     jwt_issuers_file: Path | None = None
     """Standard JWTs a tenant's own backend mints (``qim.auth.standard_jwt``); None: qat1 only."""
 
@@ -129,6 +131,7 @@ class AuthConfig:
             "QIM_AUTH_ACCESS_TOKEN_TTL_S": "access_token_ttl_ms",
             "QIM_AUTH_MAX_TOKEN_TTL_S": "max_access_token_ttl_ms",
             "QIM_AUTH_CLOCK_SKEW_S": "clock_skew_ms",
+            "QIM_AUTH_REFRESH_TOKEN_TTL_S": "refresh_token_ttl_ms",
         }
         for var, name in seconds.items():
             raw = env.get(var, "").strip()

@@ -200,6 +200,10 @@ class AuthService:
             await asyncio.to_thread(self._jwt.prefetch, token)
 
     @property
+    def redis(self) -> Redis:
+        return self._redis
+
+    @property
     def config(self) -> AuthConfig:
         return self._config
 

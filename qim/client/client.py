@@ -43,6 +43,7 @@ from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import identity_from_token
 from qim.client.reactions import ReactionState
+from qim.client.refresh import TokenRefresher
 from qim.client.sessions import SessionList
 from qim.client.state import ClientEvent, ClientState, ClientStateMachine
 from qim.client.transport import Transport
@@ -54,6 +55,7 @@ from qim.schemas.frames import (
     AuthOk,
     Body,
     Error,
+    ErrorCode,
     Frame,
     Kicked,
     Limits,
@@ -111,6 +113,8 @@ class QimClient(FrameCalls, UserStateCalls):
             "limits": limits,
             "clock_ms": clock_ms,
         }
+        self.refresher: TokenRefresher | None = None
+        """Set it to renew silently on TOKEN_EXPIRED (15.3.1, ``qim.client.refresh``)."""
         self._dial = dial
         self._ssl_context = ssl_context
         self._server_hostname = server_hostname
@@ -299,6 +303,24 @@ class QimClient(FrameCalls, UserStateCalls):
     async def request(
         self, body: Body, *, timeout: float | None = None, stream_id: int | None = None
     ) -> Frame:
+        """Send ``body`` and return the reply; with a :attr:`refresher`, an
+        ``ERROR{TOKEN_EXPIRED}`` renews the session silently and the request goes out once more
+        (15.3.1). Otherwise as :meth:`request_once`."""
+        try:
+            return await self.request_once(body, timeout=timeout, stream_id=stream_id)
+        except QimError as exc:
+            if (
+                self.refresher is None
+                or isinstance(body, Auth)
+                or exc.code != int(ErrorCode.TOKEN_EXPIRED)
+            ):
+                raise
+        await self.reauth(await self.refresher.refresh(), timeout=timeout)
+        return await self.request_once(body, timeout=timeout, stream_id=stream_id)
+
+    async def request_once(
+        self, body: Body, *, timeout: float | None = None, stream_id: int | None = None
+    ) -> Frame:
         """Send ``body`` with a fresh request_id and return the reply frame.
 
         Raises :class:`QimError` when the server answers ERROR, :class:`RequestTimeout` after
@@ -345,7 +367,7 @@ class QimClient(FrameCalls, UserStateCalls):
             capabilities=capabilities,
             mailbox_cursor=cursor,
         )
-        frame = await self.request(body, timeout=timeout)
+        frame = await self.request_once(body, timeout=timeout)
         assert isinstance(frame.body, AuthOk)  # request() checked the reply type
         return frame.body
 
