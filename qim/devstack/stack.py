@@ -39,6 +39,10 @@ def prekey_partition_count() -> int:
     return int(os.environ.get("QIM_PREKEY_PARTITION_COUNT", PREKEY_PARTITION_COUNT))
 
 
+# Ours too: rooms are few and each costs a RoomWriter nothing when idle (topology.md).
+ROOM_PARTITION_COUNT = 4
+
+
 def default_partition_counts() -> dict[str, int]:
     """Partition counts of the declared topics: the shard counts come from qim.params."""
     params = Settings.load()
@@ -50,6 +54,9 @@ def default_partition_counts() -> dict[str, int]:
         "connection_shard_count": params.connection_shard_count,
         "single_partition": 1,
         "prekey_partition_count": prekey_partition_count(),
+        "room_partition_count": int(
+            os.environ.get("QIM_ROOM_PARTITION_COUNT", ROOM_PARTITION_COUNT)
+        ),
     }
 
 
@@ -62,11 +69,13 @@ LOCAL_PARTITION_COUNTS: Final = {
     "conversation_partition_count": 4,
     "mailbox_shard_count": 8,
     "connection_shard_count": 16,
+    "room_partition_count": ROOM_PARTITION_COUNT,
 }
 PARTITION_ENV: Final = {
     "conversation_partition_count": "QIM_CONVERSATION_PARTITION_COUNT",
     "mailbox_shard_count": "QIM_MAILBOX_SHARD_COUNT",
     "connection_shard_count": "QIM_CONNECTION_SHARD_COUNT",
+    "room_partition_count": "QIM_ROOM_PARTITION_COUNT",
 }
 PARTITIONS_FILE: Final = "partitions.json"
 """Under the stack folder: the counts its topics were created with, and its Kafka bootstrap."""
@@ -191,6 +200,7 @@ class StackConfig:
         WorkerSpec("mailbox-1", "qim.apps.mailbox", 16067),
         WorkerSpec("notify-1", "qim.apps.notify", 16068),
         WorkerSpec("keys-1", "qim.apps.keys", 16069),
+        WorkerSpec("rooms-1", "qim.apps.rooms", 16070),
     )
     gateways: tuple[GatewaySpec, ...] = (GatewaySpec(),)
     admins: tuple[AdminSpec, ...] = (AdminSpec(),)
