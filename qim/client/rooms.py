@@ -87,6 +87,18 @@ class RoomTracker:
             return RoomDelivery(batch.room_id, events, lost=True)
         return self._take(batch.room_id, room, batch)
 
+    def replayed(self, batch: RoomBatch) -> RoomDelivery:
+        """A ROOM_REPLAY answer: like a live batch, and events at or below the position the
+        tracker already holds (the app asked from further back, e.g. after a rejoin that
+        jumped) are delivered too, unless their ``message_id`` was delivered before."""
+        room = self._rooms.get(batch.room_id)
+        if room is None or batch.replay_truncated or batch.room_epoch != room.epoch:
+            return self.apply(batch)
+        back = [e for e in batch.events if e.room_seq <= room.applied]
+        earlier = self._release(room, back)
+        later = self._take(batch.room_id, room, batch)
+        return RoomDelivery(batch.room_id, earlier + later.events, gap=later.gap)
+
     def _take(self, room_id: str, room: _Room, batch: RoomBatch) -> RoomDelivery:
         for event in batch.events:
             if event.room_seq > room.applied:
@@ -193,7 +205,7 @@ class RoomCalls:
         batch = await self._call(RoomReplay(room_id=room_id, after_room_seq=after or 0),
                                  RoomBatch, timeout)  # fmt: skip
         assert isinstance(batch, RoomBatch)
-        return self.rooms.apply(batch)
+        return self.rooms.replayed(batch)
 
     async def room_batch(self, batch: RoomBatch, *, max_replays: int = 20) -> RoomDelivery:
         """A live ROOM_BATCH from :meth:`events`: its new events, with any gap replayed
