@@ -54,7 +54,7 @@ WORKER_ENV = {
     "QIM_ROOM_LOG_MAX_RECORDS": str(LOG_CAP),
     "QIM_ROOM_MSG_RATE": '{"count": 20, "period_ms": 60000}',
 }
-ROOMS = ("r:burst", "r:rate", "r:replay")
+ROOMS = ("r:burst", "r:rate", "r:replay", "r:kill")
 PRIVATE = "r:private"
 UNTOUCHED = (CONVERSATION_REQUESTS, OUTBOX, DISPATCH, USER_REQUESTS)
 
@@ -276,6 +276,48 @@ async def test_a_client_that_missed_messages_replays_inside_the_window_and_is_tr
             batch = await probe._call(replay, RoomBatch, None)  # the frame as the server sent it
             assert batch.replay_truncated and batch.events == ()
             assert batch.latest_room_seq == watermark.latest_room_seq
+
+
+async def test_a_gateway_kill_leaves_the_other_gateways_members_served_and_rejoining_works(
+    rooms: RoomStack,
+) -> None:
+    survivor_gw, doomed_gw = rooms.gateways
+    who = [(f"k{i}", "phone") for i in range(8)]
+    async with clients(rooms, who) as members:
+        on_doomed = [c for c in members if c.url == doomed_gw.url]
+        survivors = [c for c in members if c.url == survivor_gw.url]
+        assert on_doomed and survivors, "the members must be spread over both gateways"
+        for c in members:
+            await c.join_room("r:kill")
+        host = survivors[0]
+        doomed_gw.kill()
+        before = [await host.send_room("r:kill", f"k{i}".encode()) for i in range(3)]
+        for c in survivors:  # unaffected: every message, in order
+            events, _ = await collect(c, "r:kill", 3)
+            assert [e.message_id for e in events] == [a.message_id for a in before]
+        users = [c.identity.user_id for c in on_doomed if c.identity is not None]
+        assert len(users) == len(on_doomed)
+    # the killed gateway's users come back (the survivor takes their shards within the lease)
+    async with clients(rooms, [(u, "phone") for u in users] + [("k-host", "phone")]) as back:
+        *returned, host = back
+        assert all(c.url == survivor_gw.url for c in back)
+        for c in back:
+            joined = await c.join_room("r:kill")  # nothing is restored: join again (14.5)
+            assert not joined.lost
+        for c in returned:  # what they missed while away is still in the window
+            missed = await c.replay_room("r:kill", _first_seq(c))
+            assert [e.message_id for e in missed.events] == [a.message_id for a in before]
+        after = await host.send_room("r:kill", b"after")
+        for c in returned:
+            events, _ = await collect(c, "r:kill", 1)
+            assert [e.message_id for e in events] == [after.message_id]
+
+
+def _first_seq(client: QimClient) -> int:
+    """The position just before the three messages sent while the gateway was down."""
+    join = client.last_join
+    assert join is not None
+    return join.latest_room_seq - 3
 
 
 async def test_rooms_wrote_nothing_towards_mailboxes_history_or_session_lists(
