@@ -6,8 +6,10 @@ once and in room_seq order, in merged ROOM_BATCH frames (at most room_outbound_f
 them), and the RoomWriter broadcasts per ConnectionShard, not per connection; a message beyond
 room_msg_rate is refused up front with RATE_LIMITED and retry_after_ms; "no such room" and "not
 allowed" are the same PERMISSION_DENIED; a client that missed messages replays them inside the
-window and gets replay_truncated outside it; none of it writes a conversation request, an
-outbox record or a dispatch (so no mailbox entry, session row, unread count or push can exist).
+window and gets replay_truncated outside it; a gateway kill leaves the other gateway's members
+served and the killed one's users rejoin on the survivor; none of it writes a conversation
+request, an outbox record or a dispatch (so no mailbox entry, session row, unread count or
+push can exist); promotion (14.4) makes the online members a group whose history starts at 1.
 
 The worker runs with ``room_msg_rate`` = 20 per **60 s** (the period, not the count, is
 changed): "the 21st message within the window" is then independent of how fast this shared
@@ -28,17 +30,19 @@ import pytest
 import redis.asyncio as aioredis
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
+from qim.admin.groups import GroupAdmin
 from qim.admin.rooms import define_room
 from qim.auth import AuthService, KeyRing, SigningKey
 from qim.client import QimClient, QimError, TransportError
 from qim.client.heartbeat import HeartbeatConfig
 from qim.client.rooms import RoomDelivery
-from qim.devstack.stack import Stack
+from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
 from qim.schemas.frames import ErrorCode, RoomBatch, SendAck
 from qim.schemas.frames.room import RoomEvent, RoomReplay
 from qim.schemas.records.rooms import RoomDefinition
 from qim.schemas.seqs import split_room_seq
 from qim.streams.topics import CONVERSATION_REQUESTS, DISPATCH, OUTBOX, USER_REQUESTS
+from tests.integration.test_admin_groups import WRITER_ENV, writer_serving
 from tests.integration.test_gateway_cluster import LEASE_MS, GatewayProc, start_gateway
 from tests.integration.workers import FaustWorker
 
@@ -54,7 +58,7 @@ WORKER_ENV = {
     "QIM_ROOM_LOG_MAX_RECORDS": str(LOG_CAP),
     "QIM_ROOM_MSG_RATE": '{"count": 20, "period_ms": 60000}',
 }
-ROOMS = ("r:burst", "r:rate", "r:replay", "r:kill")
+ROOMS = ("r:burst", "r:rate", "r:replay", "r:kill", "r:promo")
 PRIVATE = "r:private"
 UNTOUCHED = (CONVERSATION_REQUESTS, OUTBOX, DISPATCH, USER_REQUESTS)
 
@@ -326,3 +330,47 @@ async def test_rooms_wrote_nothing_towards_mailboxes_history_or_session_lists(
     assert rooms.worker.get("/rooms")["messages"] > 0  # the tests above did send
     after = await end_offsets(stack)
     assert after == rooms.offsets_before
+
+
+async def test_promotion_makes_the_online_members_a_group_whose_history_starts_at_1(
+    rooms: RoomStack, stack: Stack, tmp_path: Path
+) -> None:
+    """14.4 (runs last: a group create writes conversation records, which the test above
+    proves rooms never do)."""
+    writer = FaustWorker(stack, "qim.apps.conversation", tmp_path / "writer", WRITER_ENV)
+    await asyncio.to_thread(writer.start)
+    admin = GroupAdmin(
+        stack.cfg.kafka.bootstrap, partition_count=CONVERSATION_PARTITION_COUNT, timeout_s=WAIT_S
+    )
+    await admin.start()
+    group = f"g:promo-{uuid.uuid4().hex[:6]}"
+    who = [(f"p{i}", "phone") for i in range(4)]
+    try:
+        await writer_serving(writer)
+        async with clients(rooms, who) as (p0, p1, p2, p3):
+            for c in (p0, p1, p2, p3):
+                await c.join_room("r:promo")
+            await p3.leave_room("r:promo")  # not online in the room any more
+            await p0.send_room("r:promo", b"before promotion")
+            created, online = await admin.promote_room(TENANT, "r:promo", group, "p0")
+            assert online == ("p0", "p1", "p2")
+            assert created.member_count == 3
+            with pytest.raises(QimError) as err:  # room_seq allocation stopped
+                await p1.send_room("r:promo", b"after")
+            assert err.value.code == int(ErrorCode.PERMISSION_DENIED)
+            members = await p1.pull_members(group)
+            assert sorted(m.user_id for m in members.members) == ["p0", "p1", "p2"]
+            assert {m.joined_at_conversation_seq for m in members.members} == {0}
+            ack = await p1.send_message(group, b"first group message")
+            history = await p2.pull_history(group, direction="older", limit=50)
+            seqs = sorted(m.conversation_seq for m in history.messages)
+            assert seqs[0] == 1 and ack.conversation_seq in seqs  # starts at 1
+            payloads = {m.payload_or_ciphertext for m in history.messages}
+            assert b"before promotion" not in payloads  # nothing back-filled
+        async with clients(rooms, [("p1", "laptop")]) as (late,):
+            with pytest.raises(QimError) as err:  # the room ended: as if it never existed
+                await late.join_room("r:promo")
+            assert (err.value.code, err.value.detail) == (int(ErrorCode.PERMISSION_DENIED), "")
+    finally:
+        await admin.stop()
+        await asyncio.to_thread(writer.stop)

@@ -45,7 +45,7 @@ import logging
 import os
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -60,7 +60,7 @@ from qim.core.rooms.ids import room_partition
 from qim.core.rooms.writer import RoomConfig, RoomKey, RoomOutput, RoomWriterCore
 from qim.params import Settings
 from qim.schemas.ids import HlcClock, split_message_id, unix_ms_to_hlc_ms
-from qim.schemas.records.requests import user_key
+from qim.schemas.records.requests import encode_record, user_key
 from qim.schemas.records.rooms import (
     RoomRequest,
     decode_room_record,
@@ -70,7 +70,7 @@ from qim.schemas.records.rooms import (
 )
 from qim.streams.fetching import hot_fetch
 from qim.streams.producer import RecoveringProducer, replaced_counter
-from qim.streams.topics import ROOM_LOG, ROOM_REQUESTS, ROOMS, TO_GATEWAY
+from qim.streams.topics import ADMIN_REPLIES, ROOM_LOG, ROOM_REQUESTS, ROOMS, TO_GATEWAY
 
 __all__ = ["GROUP_ID", "ROOM_WRITER_ID_BASE", "RoomWriterOptions", "RoomWriterService"]
 
@@ -94,7 +94,7 @@ class RoomWriterOptions:
     log_topic: str = ROOM_LOG.name
     rooms_topic: str = ROOMS.name
     to_gateway_topic: str = TO_GATEWAY.name
-    extra: dict[str, str] = field(default_factory=dict)
+    admin_replies_topic: str = ADMIN_REPLIES.name
 
     @classmethod
     def load(
@@ -412,6 +412,12 @@ class RoomWriterService(Service):
                     encode_room_record(reply),
                     key=user_key(reply.tenant_id, reply.user_id),
                     partition=reply.connection_shard,
+                )
+            )
+        for admin in out.admin_replies:  # a promotion's online members (14.4)
+            futures.append(
+                await producer.send(
+                    opts.admin_replies_topic, encode_record(admin), key=admin.key, partition=0
                 )
             )
         results = await asyncio.gather(*futures, return_exceptions=True)

@@ -23,6 +23,7 @@ class RoomMembers(Generic[R]):
     _rooms: dict[R, dict[str, int]] = field(default_factory=dict)  # room -> conn -> floor
     _of_conn: dict[str, dict[R, int]] = field(default_factory=dict)  # conn -> room -> shard
     _per_shard: dict[tuple[R, int], int] = field(default_factory=dict)
+    _users: dict[str, str] = field(default_factory=dict)  # conn -> user (for promotion, 14.4)
 
     def rooms_of(self, conn_id: str) -> int:
         return len(self._of_conn.get(conn_id, ()))
@@ -30,8 +31,10 @@ class RoomMembers(Generic[R]):
     def is_member(self, conn_id: str, room: R) -> bool:
         return room in self._of_conn.get(conn_id, ())
 
-    def join(self, conn_id: str, room: R, shard: int, floor: int) -> bool:
+    def join(self, conn_id: str, room: R, shard: int, floor: int, user_id: str = "") -> bool:
         """Add (or refresh the floor of) a membership; True if ``shard`` just got its first."""
+        if user_id:
+            self._users[conn_id] = user_id
         members = self._rooms.setdefault(room, {})
         if conn_id in members:
             members[conn_id] = max(members[conn_id], floor)
@@ -50,6 +53,7 @@ class RoomMembers(Generic[R]):
         shard = rooms.pop(room)
         if not rooms:
             del self._of_conn[conn_id]
+            self._users.pop(conn_id, None)
         members = self._rooms[room]
         del members[conn_id]
         if not members:
@@ -81,6 +85,12 @@ class RoomMembers(Generic[R]):
     def shards(self) -> list[tuple[R, int]]:
         """Every (room, shard) with a member: what the node renews with the RoomWriters."""
         return sorted(self._per_shard, key=repr)
+
+    def users(self, room: R, shard: int) -> tuple[str, ...]:
+        """The users of the connections of ``shard`` in ``room`` (sorted, once each)."""
+        conns = self._rooms.get(room, {})
+        return tuple(sorted({self._users.get(c, "") for c in conns
+                             if self._of_conn.get(c, {}).get(room) == shard} - {""}))  # fmt: skip
 
     def raise_floor(self, conn_id: str, room: R, floor: int) -> None:
         members = self._rooms.get(room)

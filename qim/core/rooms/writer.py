@@ -34,11 +34,13 @@ from qim.core.rooms.ring import RoomRing
 from qim.core.rooms.targets import RoomTargets
 from qim.schemas.frames import Error, ErrorCode, RoomBatch, RoomEvent, SendAck
 from qim.schemas.ids import message_id_to_bytes
+from qim.schemas.records.requests import AdminReply
 from qim.schemas.records.rooms import (
     ReplyAction,
     RoomBroadcast,
     RoomDefinition,
     RoomJoinRequest,
+    RoomPromoteRequest,
     RoomRecord,
     RoomReplayRequest,
     RoomReply,
@@ -67,6 +69,7 @@ class RoomOutput:
     records: list[RoomRecord] = field(default_factory=list)
     broadcasts: list[RoomBroadcast] = field(default_factory=list)
     replies: list[RoomReply] = field(default_factory=list)
+    admin_replies: list[AdminReply] = field(default_factory=list)
     rate_limited: list[RoomKey] = field(default_factory=list)
     truncated_replays: int = 0
     replays: int = 0
@@ -93,6 +96,8 @@ class RoomWriterCore:
         self.admission: dict[RoomKey, RoomAdmission] = {}
         self.targets: RoomTargets[RoomKey] = RoomTargets(config.target_ttl_ms)
         self.next_epoch: dict[RoomKey, int] = {}
+        self.online: dict[RoomKey, dict[int, set[str]]] = {}  # room -> shard -> users
+        self.promoted: set[RoomKey] = set()  # room_seq allocation stopped (14.4)
 
     def ring(self, room: RoomKey) -> RoomRing:
         ring = self.rings.get(room)
@@ -108,6 +113,8 @@ class RoomWriterCore:
             del self.rings[room]
         for room in [r for r in self.admission if not keep(r)]:
             del self.admission[room]
+        for room in [r for r in self.online if not keep(r)]:
+            del self.online[room]
         self.targets.drop({r for r in self.targets.rooms() if keep(r)})
 
     def handle(self, requests: Sequence[RoomRequest], now_ms: int) -> RoomOutput:
@@ -116,10 +123,15 @@ class RoomWriterCore:
         for request in requests:
             room = (request.tenant_id, request.room_id)
             if isinstance(request, RoomTargetRequest):
+                shards = self.online.setdefault(room, {})
                 if request.present:
                     self.targets.register(room, request.connection_shard, now_ms)
+                    shards[request.connection_shard] = set(request.user_ids)
                 else:
                     self.targets.deregister(room, request.connection_shard)
+                    shards.pop(request.connection_shard, None)
+            elif isinstance(request, RoomPromoteRequest):
+                self._promote(room, request, now_ms, out)
             elif isinstance(request, RoomJoinRequest):
                 self._join(room, request, now_ms, out)
             elif isinstance(request, RoomReplayRequest):
@@ -133,14 +145,47 @@ class RoomWriterCore:
     # -- requests -------------------------------------------------------------------------------
 
     def _admits(self, room: RoomKey, user_id: str) -> bool:
+        if room in self.promoted:
+            return False
         definition = self.definitions.get(room)
         return definition is not None and definition.admits(user_id)
+
+    def online_users(self, room: RoomKey, now_ms: int) -> tuple[str, ...]:
+        """The users with a connection in the room, on the shards whose lease is live."""
+        shards = self.online.get(room, {})
+        live = self.targets.shards(room, now_ms)
+        return tuple(sorted({u for s in live for u in shards.get(s, ())}))
+
+    def _promote(
+        self, room: RoomKey, req: RoomPromoteRequest, now_ms: int, out: RoomOutput
+    ) -> None:
+        """14.4: the online members become the group's initial members (the admin plane
+        creates it); from now on the room allocates no room_seq -- it answers like a room
+        that does not exist."""
+        to = req.reply_to
+        if room not in self.promoted and room not in self.definitions:
+            reply = AdminReply(
+                node_id=to.node_id, correlation_id=to.correlation_id, error=denied(0)
+            )
+            out.admin_replies.append(reply)
+            return
+        members = self.online_users(room, now_ms)
+        self.promoted.add(room)
+        out.admin_replies.append(
+            AdminReply(
+                node_id=to.node_id,
+                correlation_id=to.correlation_id,
+                member_ids=members,
+                member_count=len(members),
+            )
+        )
 
     def _join(self, room: RoomKey, req: RoomJoinRequest, now_ms: int, out: RoomOutput) -> None:
         if not self._admits(room, req.user_id):
             out.replies.append(_reply(req, "join", error=denied(req.request_id)))
             return
         self.targets.register(room, req.connection_shard, now_ms)
+        self.online.setdefault(room, {}).setdefault(req.connection_shard, set()).add(req.user_id)
         ring = self.ring(room)
         events: tuple[RoomEvent, ...] = ()
         truncated = False

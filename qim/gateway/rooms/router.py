@@ -222,7 +222,8 @@ class RoomRouter:
             self._answer(conn, _denied(rid), rid, "leave", "not_member")
             return
         view = self.merge.view(room)  # before _left: the last member takes the view along
-        self._left(room, self.members.leave(conn.conn_id, room))
+        shard = self._shard_of(room[0], conn.session.grant.user_id) if conn.session.grant else None
+        self._left(room, self.members.leave(conn.conn_id, room), shard)
         batch = RoomBatch(
             room_id=room[1],
             room_epoch=view.room_epoch if view else 0,
@@ -236,9 +237,11 @@ class RoomRouter:
         for room, shard in self.members.close(conn.conn_id):
             self._left(room, shard)
 
-    def _left(self, room: RoomKey, emptied_shard: int | None) -> None:
+    def _left(self, room: RoomKey, emptied_shard: int | None, shard: int | None = None) -> None:
         if emptied_shard is not None:
             self._target(room, emptied_shard, present=False)
+        elif shard is not None:  # still members there: say who (a promotion reads it, 14.4)
+            self._target(room, shard, present=True)
         if not self.members.has_members(room):
             self.merge.forget(room)
 
@@ -295,8 +298,13 @@ class RoomRouter:
         return _Out(key, encode_room_record(record), partition)
 
     def _target(self, room: RoomKey, shard: int, *, present: bool) -> None:
+        users = self.members.users(room, shard) if present else ()
         record = RoomTargetRequest(
-            tenant_id=room[0], room_id=room[1], connection_shard=shard, present=present
+            tenant_id=room[0],
+            room_id=room[1],
+            connection_shard=shard,
+            present=present,
+            user_ids=users,
         )
 
         def done(exc: BaseException | None) -> None:
@@ -342,7 +350,9 @@ class RoomRouter:
             view = RoomView(batch.room_epoch, batch.latest_room_seq, batch.earliest_replay_room_seq)
             self.merge.learn(room, view)
             if reply.action == "join":
-                self.members.join(conn.conn_id, room, reply.connection_shard, batch.latest_room_seq)
+                self.members.join(
+                    conn.conn_id, room, reply.connection_shard, batch.latest_room_seq, grant.user_id
+                )
         body = _with_request_id(reply.body, reply.request_id)
         conn.apply([Send(body, request_id=reply.request_id, version=conn.session.version)])
         self.requests.labels(kind=reply.action, result="answered").inc()

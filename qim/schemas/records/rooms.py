@@ -29,6 +29,7 @@ from qim.schemas.frames.connection import Error
 from qim.schemas.frames.messaging import SendAck, SendMessage
 from qim.schemas.frames.room import RoomBatch, RoomEvent
 from qim.schemas.hashing import hash_input
+from qim.schemas.records.requests import AdminReplyTo
 
 __all__ = [
     "ROOM_TO_GATEWAY_KINDS",
@@ -36,6 +37,7 @@ __all__ = [
     "RoomBroadcast",
     "RoomDefinition",
     "RoomJoinRequest",
+    "RoomPromoteRequest",
     "RoomRecord",
     "RoomReplayRequest",
     "RoomReply",
@@ -109,13 +111,30 @@ class RoomTargetRequest(_Record, tag="room_target", kw_only=True, frozen=True):
     room_id: str
     connection_shard: U32
     present: bool = True
+    user_ids: tuple[str, ...] = ()  # the users of the shard's member connections (all of them)
 
     @property
     def key(self) -> bytes:
         return room_key(self.tenant_id, self.room_id)
 
 
-RoomRequest: TypeAlias = RoomJoinRequest | RoomReplayRequest | RoomSendRequest | RoomTargetRequest
+class RoomPromoteRequest(_Record, tag="room_promote", kw_only=True, frozen=True):
+    """The admin plane promotes the room to ``group_id`` (14.4): the RoomWriter stops the
+    room's ``room_seq`` allocation and answers its online members on ``qim.admin-replies``."""
+
+    tenant_id: str
+    room_id: str
+    group_id: str
+    reply_to: AdminReplyTo
+
+    @property
+    def key(self) -> bytes:
+        return room_key(self.tenant_id, self.room_id)
+
+
+RoomRequest: TypeAlias = (
+    RoomJoinRequest | RoomReplayRequest | RoomSendRequest | RoomTargetRequest | RoomPromoteRequest
+)
 
 ReplyAction = Literal["join", "replay", "send"]
 

@@ -9,9 +9,11 @@ from qim.client.rooms import RoomTracker
 from qim.core.rooms.writer import RoomConfig, RoomWriterCore
 from qim.schemas.frames import Error, ErrorCode, RoomBatch, SendAck, SendMessage
 from qim.schemas.frames.room import RoomEvent
+from qim.schemas.records.requests import AdminReplyTo
 from qim.schemas.records.rooms import (
     RoomDefinition,
     RoomJoinRequest,
+    RoomPromoteRequest,
     RoomReplayRequest,
     RoomSendRequest,
     RoomTargetRequest,
@@ -164,3 +166,21 @@ def test_the_tracker_jumps_on_truncation_and_on_another_epoch() -> None:
     moved = t.apply(live(ev(1, epoch=2), epoch=2))
     assert moved.lost and [e.room_seq for e in moved.events] == [ev(1, 2).room_seq]
     assert t.apply(live(ev(1, epoch=2), epoch=2)).events == ()  # a duplicate is dropped
+
+
+def test_promotion_answers_the_online_members_and_stops_allocation() -> None:
+    c = core()
+    c.handle([RoomJoinRequest(**who("a", 1)), RoomJoinRequest(**who("b", 2)),
+              RoomJoinRequest(**who("c", 2))], 0)  # fmt: skip
+    leave = RoomTargetRequest(tenant_id=T, room_id=R, connection_shard=2, user_ids=("b",))
+    to = AdminReplyTo(node_id="admin-1", correlation_id="x")
+    out = c.handle(
+        [leave, RoomPromoteRequest(tenant_id=T, room_id=R, group_id="g:x", reply_to=to)], 5
+    )
+    [reply] = out.admin_replies
+    assert reply.member_ids == ("a", "b") and reply.correlation_id == "x" and reply.error is None
+    refused = c.handle([send("a", shard=1)], 6)
+    assert refused.records == [] and isinstance(refused.replies[0].body, Error)
+    missing = c.handle([RoomPromoteRequest(tenant_id=T, room_id="r:nope", group_id="g:y",
+                                           reply_to=to)], 7)  # fmt: skip
+    assert missing.admin_replies[0].error is not None
