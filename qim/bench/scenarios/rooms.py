@@ -41,6 +41,7 @@ COLUMNS = [
     Column("frames/s/conn mean", "frames_per_s_mean"),
     Column("frames/s/conn max", "frames_per_s_max"),
     Column("gateway CPU %", "gateway_cpu_pct"),
+    Column("sender late ms", "scheduler_late_ms"),
 ]
 
 
@@ -104,9 +105,13 @@ async def run_rooms(target: Target, params: RoomsParams) -> Result:
     )
     members = [_Member(c) for c in outcomes if isinstance(c, QimClient)]
     failed = params.connections - len(members)
+    errors = Counter(
+        f"{type(o).__name__}: {o}"[:120] for o in outcomes if isinstance(o, BaseException)
+    )
     latency, stop = Samples(), asyncio.Event()
     readers = [asyncio.create_task(_read(m, room, latency, stop)) for m in members]
-    sent, refused, pending = 0, 0, []
+    sent, refused, pending, late_s = 0, 0, [], 0.0
+    refusals: Counter[str] = Counter()
     try:
         if not members:
             raise RuntimeError(f"no connection joined {room}: {outcomes[:1]!r}")
@@ -117,8 +122,9 @@ async def run_rooms(target: Target, params: RoomsParams) -> Result:
             try:
                 await sender.send_room(room, f"m{i}".encode())
                 sent += 1
-            except QimError:
+            except QimError as exc:
                 refused += 1
+                refusals[f"{exc.name}: {exc.detail}"] += 1
 
         def fire(i: int, _intended: float) -> None:
             pending.append(asyncio.create_task(one(i)))
@@ -126,7 +132,7 @@ async def run_rooms(target: Target, params: RoomsParams) -> Result:
         sampler = ProcSampler(target.pids())
         async with sampler.running():
             times = timetable(params.rate, params.duration_s, time.monotonic() + 0.5)
-            await run_open_loop(times, fire, clock=time.monotonic, sleep=asyncio.sleep)
+            late_s = await run_open_loop(times, fire, clock=time.monotonic, sleep=asyncio.sleep)
             await asyncio.gather(*pending, return_exceptions=True)
             loop = asyncio.get_running_loop()
             deadline = loop.time() + 10
@@ -144,9 +150,12 @@ async def run_rooms(target: Target, params: RoomsParams) -> Result:
     row: dict[str, Any] = {
         "connections": len(members),
         "failed": failed,
+        "connect_errors": dict(errors.most_common(3)),
         "rate": params.rate,
         "sent": sent,
         "refused": refused,
+        "refusals": dict(refusals),
+        "scheduler_late_ms": round(late_s * 1000, 1),
         "delivered_pct": round(100 * got / (sent * len(members)), 2) if sent and members else None,
         "delivery_ms": latency.summary(),
         "frames_per_s_mean": round(frames / len(members) / seconds, 2) if members else None,

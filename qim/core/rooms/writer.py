@@ -231,7 +231,10 @@ class RoomWriterCore:
         if gate is None:
             cfg = self.config
             gate = self.admission[room] = RoomAdmission(cfg.msg_rate_count, cfg.msg_rate_period_ms)
-        retry_after = gate.admit(now_ms)
+        # the client's pace: when its gateway read the frame (never later than now, whatever
+        # the gateway's clock says); a request without the stamp is judged on arrival
+        at = min(req.received_at_ms, now_ms) if req.received_at_ms else now_ms
+        retry_after = gate.admit(at)
         if retry_after is not None:
             error = Error(
                 code=int(ErrorCode.RATE_LIMITED),

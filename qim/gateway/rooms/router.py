@@ -213,7 +213,7 @@ class RoomRouter:
             request = RoomSendRequest(
                 tenant_id=tenant, user_id=user, device_id=device, session_epoch=epoch,
                 connection_shard=shard, conn_id=conn.conn_id, request_id=rid, room_id=room_id,
-                message=body,
+                message=body, received_at_ms=self._clock_ms(),
             )  # fmt: skip
         self._submit(conn, request, rid, kind)
 

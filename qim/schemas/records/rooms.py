@@ -99,9 +99,12 @@ class RoomReplayRequest(_FromConnection, tag="room_replay", kw_only=True, frozen
 
 
 class RoomSendRequest(_FromConnection, tag="room_send", kw_only=True, frozen=True):
-    """A SEND_MESSAGE whose ``conversation_id`` is the room id; ``message`` unchanged."""
+    """A SEND_MESSAGE whose ``conversation_id`` is the room id; ``message`` unchanged.
+    ``received_at_ms``: when the gateway read the frame (``room_msg_rate`` judges the client's
+    pace, not the clumping of the pipeline behind it)."""
 
     message: SendMessage
+    received_at_ms: U64 = 0
 
 
 class RoomTargetRequest(_Record, tag="room_target", kw_only=True, frozen=True):

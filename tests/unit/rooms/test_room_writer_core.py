@@ -184,3 +184,13 @@ def test_promotion_answers_the_online_members_and_stops_allocation() -> None:
     missing = c.handle([RoomPromoteRequest(tenant_id=T, room_id="r:nope", group_id="g:y",
                                            reply_to=to)], 7)  # fmt: skip
     assert missing.admin_replies[0].error is not None
+
+
+def test_the_rate_is_judged_at_the_gateways_read_time_not_at_arrival() -> None:
+    c = core(msg_rate_count=2, msg_rate_period_ms=1000)
+    paced = [
+        RoomSendRequest(**who(rid=i), message=SendMessage(conversation_id=R), received_at_ms=t)
+        for i, t in enumerate((1, 600, 1200))
+    ]
+    out = c.handle(paced, 1500)  # one clump at arrival, 600 ms apart at the client
+    assert len(out.records) == 3 and out.rate_limited == []
