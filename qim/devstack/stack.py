@@ -54,9 +54,7 @@ def default_partition_counts() -> dict[str, int]:
         "connection_shard_count": params.connection_shard_count,
         "single_partition": 1,
         "prekey_partition_count": prekey_partition_count(),
-        "room_partition_count": int(
-            os.environ.get("QIM_ROOM_PARTITION_COUNT", ROOM_PARTITION_COUNT)
-        ),
+        "room_partition_count": room_partition_count(),
     }
 
 
@@ -69,13 +67,11 @@ LOCAL_PARTITION_COUNTS: Final = {
     "conversation_partition_count": 4,
     "mailbox_shard_count": 8,
     "connection_shard_count": 16,
-    "room_partition_count": ROOM_PARTITION_COUNT,
 }
 PARTITION_ENV: Final = {
     "conversation_partition_count": "QIM_CONVERSATION_PARTITION_COUNT",
     "mailbox_shard_count": "QIM_MAILBOX_SHARD_COUNT",
     "connection_shard_count": "QIM_CONNECTION_SHARD_COUNT",
-    "room_partition_count": "QIM_ROOM_PARTITION_COUNT",
 }
 PARTITIONS_FILE: Final = "partitions.json"
 """Under the stack folder: the counts its topics were created with, and its Kafka bootstrap."""
@@ -94,7 +90,19 @@ def local_partition_counts() -> dict[str, int]:
             "connection_shard_count": counts["connection_shard_count"],
         }
     )
-    return {**counts, "single_partition": 1, "prekey_partition_count": prekey_partition_count()}
+    return {
+        **counts,
+        "single_partition": 1,
+        "prekey_partition_count": prekey_partition_count(),
+        "room_partition_count": room_partition_count(),
+    }
+
+
+def room_partition_count() -> int:
+    """``qim.room-requests`` / ``qim.room-log``: ``QIM_ROOM_PARTITION_COUNT``, 4 by default.
+    Not recorded with the other counts: the RoomWriter and the admin plane read the topic's
+    own count, and only the gateways are told (``StackConfig.env``)."""
+    return int(os.environ.get("QIM_ROOM_PARTITION_COUNT", ROOM_PARTITION_COUNT))
 
 
 def recorded_partitions(base_dir: Path) -> dict[str, Any] | None:
@@ -229,6 +237,9 @@ class StackConfig:
             "QIM_CURSOR_KEYS_FILE": str(self.base_dir / "cursor-keys"),
             **{var: str(self.partition_counts[name]) for name, var in PARTITION_ENV.items()},
             "QIM_PREKEY_PARTITION_COUNT": str(self.partition_counts["prekey_partition_count"]),
+            "QIM_ROOM_PARTITION_COUNT": str(
+                self.partition_counts.get("room_partition_count", ROOM_PARTITION_COUNT)
+            ),
             "QIM_ADMIN_URL": self.admins[0].url if self.admins else "",
             "QIM_ADMIN_SECRET": self.admin_secret(),
             # one JSON object per log line (qim.observability.logging)
