@@ -83,11 +83,13 @@ def scrape_urls(stack: Stack) -> dict[Process, str]:
     conv = worker(stack, "qim.apps.conversation")
     mailbox = worker(stack, "qim.apps.mailbox")
     notify = worker(stack, "qim.apps.notify")
+    rooms = worker(stack, "qim.apps.rooms")
     return {
         "gateway": f"http://127.0.0.1:{stack.cfg.gateways[0].metrics_port}/metrics",
         "conversation": f"http://127.0.0.1:{conv.web_port}/metrics",
         "mailbox": f"http://127.0.0.1:{mailbox.web_port}/metrics",
         "notify": f"http://127.0.0.1:{notify.web_port}/metrics",
+        "rooms": f"http://127.0.0.1:{rooms.web_port}/metrics",
     }
 
 
