@@ -125,7 +125,8 @@ def test_healthz_is_ready_with_each_services_state(running: Stack) -> None:
     assert status == 200 and node["ready"], node
     assert node["owned"] == list(range(shards)) and node["not_ready"] == {}
     # `qim status` (the same /healthz) says every worker is ready
-    assert all(w["health"]["ready"] for w in running.status()["workers"].values())
+    workers = running.status()["workers"]
+    assert all(w["health"]["ready"] for w in workers.values()), workers
 
 
 def json_lines(path: Path, trace_id: str) -> list[dict[str, Any]]:
