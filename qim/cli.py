@@ -16,6 +16,7 @@ from typing import Any, NoReturn, Protocol
 import click
 
 from qim.admin.cli import admin, group
+from qim.admin.rooms import room
 from qim.admin.user_show import user
 from qim.auth.cli import token
 from qim.bench.cli import bench
@@ -380,6 +381,7 @@ main.add_command(admin)
 main.add_command(user)
 main.add_command(bench)
 main.add_command(chaos)
+main.add_command(room)
 
 if __name__ == "__main__":
     main()

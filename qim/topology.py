@@ -27,12 +27,16 @@ def _topics() -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for t in ALL_TOPICS:
-        retention = "-" if t.retention_ms is None else f"{t.retention_ms // 3_600_000} h"
+        retention = "-" if t.retention_ms is None else _span(t.retention_ms)
         rows.append(
             f"| `{t.name}` | `{t.partitions_param}` = {t.partitions(counts)} | {t.partitioned_by} "
             f"| {t.key} | {t.cleanup} | {retention} | {t.producer} | {t.consumer} |"
         )
     return "\n".join(rows)
+
+
+def _span(ms: int) -> str:
+    return f"{ms // 3_600_000} h" if ms % 3_600_000 == 0 else f"{ms // 60_000} min"
 
 
 def _apps() -> str:

@@ -118,6 +118,20 @@ def create(
     _run(endpoint, lambda c: c.create(tenant_id, group_id, owner_id, members))
 
 
+@group.command("promote-room")
+@_GROUP
+@click.argument("room_id")
+@_TENANT
+@click.option("--owner", "owner_id", required=True, help="user_id of the group's OWNER.")
+@click.pass_obj
+def promote_room(
+    endpoint: _Endpoint, group_id: str, room_id: str, tenant_id: str, owner_id: str
+) -> None:
+    """Promote chatroom ROOM_ID to a new group GROUP_ID (spec 14.4): its online members become
+    the initial members, history starts at seq 1, nothing is back-filled, the room ends."""
+    _run(endpoint, lambda c: c.promote_room(tenant_id, room_id, group_id, owner_id))
+
+
 @group.command("add")
 @_GROUP
 @click.argument("members", nargs=-1, required=True)

@@ -80,6 +80,13 @@ class GroupAdminClient:
         path = f"/v1/groups/{_segment(group_id)}/members"
         return self._call("GET", path, query={"tenant_id": tenant_id})
 
+    def promote_room(
+        self, tenant_id: str, room_id: str, group_id: str, owner_id: str
+    ) -> dict[str, Any]:
+        """14.4: the room's online members become the group's initial members."""
+        body = {"tenant_id": tenant_id, "group_id": group_id, "owner_id": owner_id}
+        return self._call("POST", f"/v1/rooms/{_segment(room_id)}/promote", body=body)
+
     def _call(
         self,
         method: str,

@@ -13,6 +13,12 @@ Actions: ``create`` (``actor`` is the creator, who becomes OWNER as with CREATE_
 the reply's ``membership_version`` and ``member_count``; the writer side of ``show`` is wired by
 the conversation app).
 
+Room promotion (spec 14.4, :meth:`GroupAdmin.promote_room`): a ``RoomPromoteRequest`` to the
+room's RoomWriter stops the room's ``room_seq`` allocation and answers its online members;
+they become the initial members of a new group (``create``: ``joined_at_conversation_seq`` = 0,
+``conversation_seq`` from 1, nothing back-filled); then the room's definition is deleted, so the
+room ends durably (later JOINs are PERMISSION_DENIED as for any room that does not exist).
+
 Timeouts: no reply within ``timeout_s`` raises :class:`AdminTimeout`. The request may still be
 applied later (no writer running yet, a rebalance); retrying is safe: a second create is refused
 (the group exists), add and remove skip users already in or out (``qim.core.membership``).
@@ -28,6 +34,7 @@ import msgspec
 
 from qim.admin.replies import AdminReplyWaiter
 from qim.core.conversation.ids import group_conversation_id
+from qim.core.rooms.ids import is_room_id, room_partition
 from qim.gateway.routing.forwarder import (
     RequestProducer,
     check_partition_count,
@@ -42,7 +49,8 @@ from qim.schemas.records.requests import (
     conversation_partition,
     encode_record,
 )
-from qim.streams.topics import ADMIN_REPLIES, CONVERSATION_REQUESTS
+from qim.schemas.records.rooms import RoomPromoteRequest, encode_room_record
+from qim.streams.topics import ADMIN_REPLIES, CONVERSATION_REQUESTS, ROOM_REQUESTS, ROOMS
 
 __all__ = ["ACTIONS", "AdminRejected", "AdminTimeout", "GroupAdmin"]
 
@@ -76,6 +84,8 @@ class GroupAdmin:
         replies_topic: str = ADMIN_REPLIES.name,
         producer: RequestProducer | None = None,
         waiter: AdminReplyWaiter | None = None,
+        room_requests_topic: str = ROOM_REQUESTS.name,
+        rooms_topic: str = ROOMS.name,
     ) -> None:
         self.node_id = node_id or f"admin-{uuid.uuid4().hex[:12]}"
         validate_identifier(self.node_id, "node_id")
@@ -86,6 +96,8 @@ class GroupAdmin:
             bootstrap, linger_ms=1, client_id=self.node_id
         )
         self._waiter = waiter or AdminReplyWaiter(bootstrap, replies_topic, self.node_id)
+        self.room_requests_topic = room_requests_topic
+        self.rooms_topic = rooms_topic
 
     async def start(self) -> None:
         """Resolve the reply position first, then the producer (fails on a partition mismatch)."""
@@ -131,6 +143,53 @@ class GroupAdmin:
 
     async def show(self, tenant_id: str, group_id: str, actor: str) -> AdminReply:
         return await self.execute(tenant_id, group_id, "show", actor)
+
+    async def promote_room(
+        self, tenant_id: str, room_id: str, group_id: str, owner_id: str
+    ) -> tuple[AdminReply, tuple[str, ...]]:
+        """14.4: the room's online members -> a new group (``owner_id`` its OWNER); returns the
+        group create's reply and the members the room had online."""
+        if not is_room_id(room_id):
+            raise ValueError(f"not a room id (r:<name>): {room_id!r}")
+        group_conversation_id(group_id)
+        validate_identifier(owner_id, "owner_id")
+        reply_to = AdminReplyTo(node_id=self.node_id, correlation_id=uuid.uuid4().hex)
+        request = RoomPromoteRequest(
+            tenant_id=tenant_id, room_id=room_id, group_id=group_id, reply_to=reply_to
+        )
+        count = len(await self._producer.partitions_for(self.room_requests_topic))
+        online = await self._round_trip(
+            self.room_requests_topic,
+            encode_room_record(request),
+            request.key,
+            room_partition(tenant_id, room_id, count),
+            reply_to.correlation_id,
+            f"promote {room_id!r}",
+        )
+        members = tuple(m for m in online.member_ids if m != owner_id)
+        created = await self.create(tenant_id, group_id, owner_id, members)
+        delivery = await self._producer.send(self.rooms_topic, None, key=request.key, partition=0)
+        await delivery  # the room's definition is gone: it ends for good
+        return created, online.member_ids
+
+    async def _round_trip(
+        self, topic: str, value: bytes, key: bytes, partition: int, correlation_id: str, what: str
+    ) -> AdminReply:
+        future = self._waiter.expect(correlation_id)
+        try:
+            delivery = await self._producer.send(topic, value=value, key=key, partition=partition)
+            await delivery
+            async with asyncio.timeout(self.timeout_s):
+                reply = await future
+        except TimeoutError:
+            raise AdminTimeout(
+                f"no AdminReply to {what} within {self.timeout_s:g} s: is its worker running?"
+            ) from None
+        finally:
+            self._waiter.discard(correlation_id)
+        if reply.error is not None:
+            raise AdminRejected(reply.error)
+        return reply
 
     async def execute(
         self,

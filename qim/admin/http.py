@@ -131,6 +131,24 @@ async def _show(request: web.Request) -> web.Response:
     return _ok(tenant, group, "show", reply)
 
 
+async def _promote(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    room = request.match_info["room_id"]
+    tenant, group = _text(body, "tenant_id"), _text(body, "group_id")
+    owner = _text(body, "owner_id")
+    reply, online = await request.app[_ADMIN].promote_room(tenant, room, group, owner)
+    return web.json_response(
+        {
+            "tenant_id": tenant,
+            "group_id": group,
+            "action": "promote",
+            "room_id": room,
+            "online_members": list(online),
+            **reply_json(reply),
+        }
+    )
+
+
 def _guard(admin_secret: bytes) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
@@ -170,4 +188,5 @@ def make_group_admin_app(admin: GroupAdmin, admin_secret: str) -> web.Applicatio
     app.router.add_post("/v1/groups/{group_id}/members", _add)
     app.router.add_delete("/v1/groups/{group_id}/members/{user_id}", _remove)
     app.router.add_get("/v1/groups/{group_id}/members", _show)
+    app.router.add_post("/v1/rooms/{room_id}/promote", _promote)
     return app

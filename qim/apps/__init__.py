@@ -5,6 +5,7 @@ APP_MODULES: tuple[str, ...] = (
     "qim.apps.mailbox",
     "qim.apps.notify",
     "qim.apps.keys",
+    "qim.apps.rooms",
 )
 
 __all__ = ["APP_MODULES"]

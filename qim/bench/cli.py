@@ -1,4 +1,4 @@
-"""``qim bench quick|full|send|fanout|login|connections|kafka-baseline``.
+"""``qim bench quick|full|send|fanout|login|connections|rooms|kafka-baseline``.
 
 Targets the local stack of ``qim up`` by default (``--run-dir`` for another stack folder,
 ``--url`` for another gateway). Each scenario writes ``<out>/<scenario>-<UTC>.json`` and a
@@ -24,6 +24,7 @@ from qim.bench.scenarios.connections import ConnectionsParams, run_connections
 from qim.bench.scenarios.fanout import FanoutParams, run_fanout
 from qim.bench.scenarios.login import LoginParams, run_login
 from qim.bench.scenarios.reactions import ReactionsParams, run_reactions
+from qim.bench.scenarios.rooms import RoomsParams, run_rooms
 from qim.bench.scenarios.send import SendParams, run_send
 from qim.bench.schedule import sweep
 from qim.bench.speedscope import summarize
@@ -224,6 +225,23 @@ def connections(ctx: Ctx, counts: str, hold: float, tenant: str, gateway: str) -
     """N idle authenticated connections with heartbeats: gateway RSS per connection."""
     params = ConnectionsParams(counts=_ints(counts), hold_s=hold, tenant=tenant, gateway=gateway)
     _run(ctx, lambda t: run_connections(t, params))
+
+
+@bench.command()
+@click.option("--connections", "count", type=click.IntRange(min=1), default=2000, show_default=True)
+@click.option("--rate", type=float, default=20.0, show_default=True, help="Room msg/s.")
+@click.option("--duration", type=float, default=20.0, show_default=True)
+@click.option("--connect-rate", type=float, default=15.0, show_default=True)
+@click.option("--tenant", default="bench", show_default=True)
+@click.option("--gateway", default="gw-1", show_default=True, help="Whose CPU is reported.")
+@click.pass_obj
+def rooms(
+    ctx: Ctx, count: int, rate: float, duration: float, connect_rate: float, tenant: str,
+    gateway: str,
+) -> None:  # fmt: skip
+    """N connections in one chatroom at RATE msg/s: delivery p99, frames/s/connection, CPU."""
+    params = RoomsParams(count, rate, duration, tenant, connect_rate, gateway)
+    _run(ctx, lambda t: run_rooms(t, params))
 
 
 @bench.command("kafka-baseline")

@@ -44,6 +44,7 @@ from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import identity_from_token
 from qim.client.reactions import ReactionState
 from qim.client.refresh import TokenRefresher
+from qim.client.rooms import RoomCalls, RoomTracker
 from qim.client.sessions import SessionList
 from qim.client.state import ClientEvent, ClientState, ClientStateMachine
 from qim.client.transport import Transport
@@ -83,7 +84,7 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class QimClient(FrameCalls, UserStateCalls):
+class QimClient(FrameCalls, UserStateCalls, RoomCalls):
     """An async client of one ConnectionNode connection.
 
     ``dial`` opens a transport for a URL (default: :func:`~qim.client.dial.open_transport`,
@@ -142,6 +143,7 @@ class QimClient(FrameCalls, UserStateCalls):
         self._bound: tuple[str, str, int] = ("", DEFAULT_CLIENT_VERSION, 0)  # for reauth
         self.sessions = SessionList()
         self.reactions = ReactionState()
+        self.rooms = RoomTracker()  # joined rooms of this connection (14.5)
         self.unknown_frames = 0  # skipped per §27.1.2
         self.late_replies = 0  # replies to requests that had already timed out
 

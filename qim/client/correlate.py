@@ -51,6 +51,7 @@ from qim.schemas.frames import (
     ReactionUpdate,
     RoomBatch,
     RoomJoin,
+    RoomLeave,
     RoomReplay,
     SendAck,
     SendMessage,
@@ -77,6 +78,7 @@ EXPECTED_REPLIES: Final[Mapping[type[Body], tuple[type[Body], ...]]] = MappingPr
         PullSessionList: (SessionListBatch,),
         PresenceSub: (PresenceSubDown,),
         RoomJoin: (RoomBatch,),
+        RoomLeave: (RoomBatch,),  # 14.5: the acknowledgement, no events
         RoomReplay: (RoomBatch,),
         PrekeyFetch: (PrekeyFetchDown,),
         PrekeyPublish: (PrekeyFetchDown,),  # ours: the device's stored bundle (A.3 names none)

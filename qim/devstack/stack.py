@@ -39,6 +39,10 @@ def prekey_partition_count() -> int:
     return int(os.environ.get("QIM_PREKEY_PARTITION_COUNT", PREKEY_PARTITION_COUNT))
 
 
+# Ours too: rooms are few and each costs a RoomWriter nothing when idle (topology.md).
+ROOM_PARTITION_COUNT = 4
+
+
 def default_partition_counts() -> dict[str, int]:
     """Partition counts of the declared topics: the shard counts come from qim.params."""
     params = Settings.load()
@@ -50,6 +54,7 @@ def default_partition_counts() -> dict[str, int]:
         "connection_shard_count": params.connection_shard_count,
         "single_partition": 1,
         "prekey_partition_count": prekey_partition_count(),
+        "room_partition_count": room_partition_count(),
     }
 
 
@@ -85,7 +90,19 @@ def local_partition_counts() -> dict[str, int]:
             "connection_shard_count": counts["connection_shard_count"],
         }
     )
-    return {**counts, "single_partition": 1, "prekey_partition_count": prekey_partition_count()}
+    return {
+        **counts,
+        "single_partition": 1,
+        "prekey_partition_count": prekey_partition_count(),
+        "room_partition_count": room_partition_count(),
+    }
+
+
+def room_partition_count() -> int:
+    """``qim.room-requests`` / ``qim.room-log``: ``QIM_ROOM_PARTITION_COUNT``, 4 by default.
+    Not recorded with the other counts: the RoomWriter and the admin plane read the topic's
+    own count, and only the gateways are told (``StackConfig.env``)."""
+    return int(os.environ.get("QIM_ROOM_PARTITION_COUNT", ROOM_PARTITION_COUNT))
 
 
 def recorded_partitions(base_dir: Path) -> dict[str, Any] | None:
@@ -191,6 +208,7 @@ class StackConfig:
         WorkerSpec("mailbox-1", "qim.apps.mailbox", 16067),
         WorkerSpec("notify-1", "qim.apps.notify", 16068),
         WorkerSpec("keys-1", "qim.apps.keys", 16069),
+        WorkerSpec("rooms-1", "qim.apps.rooms", 16070),
     )
     gateways: tuple[GatewaySpec, ...] = (GatewaySpec(),)
     admins: tuple[AdminSpec, ...] = (AdminSpec(),)
@@ -219,6 +237,9 @@ class StackConfig:
             "QIM_CURSOR_KEYS_FILE": str(self.base_dir / "cursor-keys"),
             **{var: str(self.partition_counts[name]) for name, var in PARTITION_ENV.items()},
             "QIM_PREKEY_PARTITION_COUNT": str(self.partition_counts["prekey_partition_count"]),
+            "QIM_ROOM_PARTITION_COUNT": str(
+                self.partition_counts.get("room_partition_count", ROOM_PARTITION_COUNT)
+            ),
             "QIM_ADMIN_URL": self.admins[0].url if self.admins else "",
             "QIM_ADMIN_SECRET": self.admin_secret(),
             # one JSON object per log line (qim.observability.logging)

@@ -208,6 +208,9 @@ def gateway(
             prekeys=prekeys and routing and bool(kafka_bootstrap),
             follow_revocations=bool(kafka_bootstrap),
             prekey_partition_count=prekey_partitions,
+            rooms=routing and bool(kafka_bootstrap) and os.environ.get("QIM_ROOMS", "1") != "0",
+            room_partition_count=int(os.environ.get("QIM_ROOM_PARTITION_COUNT", "4")),
+            room_target_renew_ms=int(os.environ.get("QIM_ROOM_TARGET_RENEW_MS", "10000")),
             settings=settings,
             tenant_settings=tenant_views(settings, os.environ.get("QIM_TENANT_OVERRIDES")),
         )

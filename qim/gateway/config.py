@@ -16,7 +16,7 @@ from qim.core.push import FlowLimits
 from qim.gateway.session import SessionConfig
 from qim.params import Settings
 from qim.schemas.frames import HEADER_SIZE, Limits
-from qim.streams.topics import PREKEY_REQUESTS, REVOCATIONS, USER_REQUESTS
+from qim.streams.topics import PREKEY_REQUESTS, REVOCATIONS, ROOM_REQUESTS, USER_REQUESTS
 
 __all__ = ["GatewayConfig", "is_loopback"]
 
@@ -88,6 +88,13 @@ class GatewayConfig:
     # 12.6.3: SESSION_DELTA / BADGE_UPDATE held per connection this long (None: the low end of
     # ``session_delta_merge_window``; 0: sent at once, no merge).
     session_delta_merge_window_ms: int | None = None
+    # Chatrooms (spec 14): ROOM_* frames and sends into ``r:`` ids go to the RoomWriter. Off
+    # unless asked, like routing; ``qim gateway`` turns it on with routing (QIM_ROOMS=0: off).
+    rooms: bool = False
+    room_requests_topic: str = ROOM_REQUESTS.name
+    room_partition_count: int = 4  # = the topic's partitions, checked at start
+    # every (room, shard) with a member is renewed this often; the RoomWriter's lease is 3x
+    room_target_renew_ms: int = 10_000
 
     def __post_init__(self) -> None:
         tls = self.certfile is not None and self.keyfile is not None
@@ -111,6 +118,8 @@ class GatewayConfig:
             raise ValueError("prekey requests ride the request routing: they need route_requests")
         if self.mailbox_sync_timeout_ms < 1:
             raise ValueError("mailbox_sync_timeout_ms must be positive")
+        if self.rooms and not self.route_requests:
+            raise ValueError("rooms ride the request routing: they need route_requests")
         if (self.session_delta_merge_window_ms or 0) < 0:
             raise ValueError("session_delta_merge_window_ms must be >= 0")
 

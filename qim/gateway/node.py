@@ -329,6 +329,8 @@ class ConnectionNode:
     def closing(self, conn: Connection, reason: CloseReason) -> None:
         self.metrics.closed.labels(reason=reason.value).inc()
         self._wheel.cancel(conn)
+        if self.router is not None and self.router.rooms is not None:
+            self.router.rooms.closed(conn)  # a closed connection leaves every room (14.5)
         grant = conn.session.grant
         if grant is None:
             return

@@ -15,7 +15,7 @@ p99 cannot), unless the process also computes the windowed value. Status:
 * ``declared`` -- the family is exported without samples until its source exists (e.g. values
   only the client SDK can measure), so dashboards and alerts can already name it;
 * ``pending`` -- not exported: the feature is not built yet (session list, offline push,
-  chatroom, hot standby, admission quotas) or its owner has not added it. Never faked.
+  hot standby, admission quotas) or its owner has not added it. Never faked.
 """
 
 from __future__ import annotations
@@ -34,9 +34,9 @@ __all__ = [
     "known_names",
 ]
 
-Process = Literal["gateway", "conversation", "mailbox", "notify"]
+Process = Literal["gateway", "conversation", "mailbox", "notify", "rooms"]
 Status = Literal["exported", "declared", "pending"]
-PROCESSES: Final[tuple[Process, ...]] = ("gateway", "conversation", "mailbox", "notify")
+PROCESSES: Final[tuple[Process, ...]] = ("gateway", "conversation", "mailbox", "notify", "rooms")
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,6 +260,34 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
     _m("empty_pull_ratio", "24.1.7", "gateway"),
     # 24.1.9 Session projection (the ConnectionNode's merge window, gateway/push_metrics.py)
     _m("session_delta_merge_ratio", "24.1.9", "gateway"),
+    # 24.1.10 Chatroom (RoomWriter: qim/agents/rooms/writer.py; gateway: qim/gateway/rooms)
+    _m(
+        "room_broadcast_latency_p99",
+        "24.1.10",
+        "gateway",
+        ("room_broadcast_latency",),
+        note="ms histogram: RoomWriter allocation -> ROOM_BATCH queued on the socket",
+    ),
+    _m(
+        "room_target_connection_shards_p99",
+        "24.1.10",
+        "rooms",
+        ("room_target_connection_shards",),
+        note="histogram: target ConnectionShards per room broadcast",
+    ),
+    _m(
+        "room_replay_gap_ratio",
+        "24.1.10",
+        "rooms",
+        ("qim_room_replay_total",),
+        note="truncated / all of qim_room_replay_total{truncated}",
+    ),
+    _pending(
+        "room_outbound_frame_rate_p99",
+        "24.1.10",
+        "the per-connection rate is not measured; qim_gateway_room_frames_total counts frames",
+    ),
+    _m("room_rate_limited_total", "24.1.10", "rooms"),
     # 24.1.11 Cache and storage (the one that exists)
     _m("presence_stale_total", "24.1.11", "mailbox"),
     # 2.4 SLO rows with no 24.1 name, measured by our own series (the dashboard's SLO panels)

@@ -202,6 +202,37 @@ REVOCATIONS = TopicSpec(
     producer="AuthService (`qim token serve`, `qim token revoke`), after the Redis record",
     consumer="every ConnectionNode, from its end at start (kicks live sessions it revokes)",
 )
+ROOM_REQUESTS = TopicSpec(
+    name="qim.room-requests",
+    partitions_param="room_partition_count",
+    partitioned_by="explicit partition = room_partition() (blake3 of the key)",
+    key="(tenant, room_id)",
+    cleanup="delete",
+    retention_ms=HOUR_MS,
+    producer="ConnectionNode (ROOM_JOIN, ROOM_REPLAY, room sends, broadcast targets)",
+    consumer="RoomWriter",
+)
+ROOM_LOG = TopicSpec(
+    name="qim.room-log",
+    partitions_param="room_partition_count",
+    partitioned_by="explicit partition = the RoomWriter's request partition (same count)",
+    key="(tenant, room_id)",
+    cleanup="delete",
+    # room_log_retention_minutes (B.3, 30 min): the short-lived RoomRecord (7.12, 14.1)
+    retention_ms=30 * 60_000,
+    producer="RoomWriter (each RoomRecord before its broadcast)",
+    consumer="RoomWriter taking a partition over (each room's last room_epoch)",
+)
+ROOMS = TopicSpec(
+    name="qim.rooms",
+    partitions_param="single_partition",
+    partitioned_by="one partition",
+    key="(tenant, room_id)",
+    cleanup="compact",
+    retention_ms=None,
+    producer="`qim room create / delete` (operators)",
+    consumer="RoomWriter (every worker reads it all, no group)",
+)
 
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONVERSATION_REQUESTS,
@@ -219,4 +250,7 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     PREKEY_REQUESTS,
     PREKEY_BUNDLES_CHANGELOG,
     REVOCATIONS,
+    ROOM_REQUESTS,
+    ROOM_LOG,
+    ROOMS,
 )

@@ -83,11 +83,13 @@ def scrape_urls(stack: Stack) -> dict[Process, str]:
     conv = worker(stack, "qim.apps.conversation")
     mailbox = worker(stack, "qim.apps.mailbox")
     notify = worker(stack, "qim.apps.notify")
+    rooms = worker(stack, "qim.apps.rooms")
     return {
         "gateway": f"http://127.0.0.1:{stack.cfg.gateways[0].metrics_port}/metrics",
         "conversation": f"http://127.0.0.1:{conv.web_port}/metrics",
         "mailbox": f"http://127.0.0.1:{mailbox.web_port}/metrics",
         "notify": f"http://127.0.0.1:{notify.web_port}/metrics",
+        "rooms": f"http://127.0.0.1:{rooms.web_port}/metrics",
     }
 
 
@@ -123,7 +125,8 @@ def test_healthz_is_ready_with_each_services_state(running: Stack) -> None:
     assert status == 200 and node["ready"], node
     assert node["owned"] == list(range(shards)) and node["not_ready"] == {}
     # `qim status` (the same /healthz) says every worker is ready
-    assert all(w["health"]["ready"] for w in running.status()["workers"].values())
+    workers = running.status()["workers"]
+    assert all(w["health"]["ready"] for w in workers.values()), workers
 
 
 def json_lines(path: Path, trace_id: str) -> list[dict[str, Any]]:

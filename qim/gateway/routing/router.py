@@ -68,6 +68,8 @@ from qim.gateway.logins import jittered
 from qim.gateway.ports import AuthGrant
 from qim.gateway.push.delivery import deliver_push_batch
 from qim.gateway.push.metrics import PushMetrics
+from qim.gateway.rooms.router import RoomRouter
+from qim.gateway.rooms.router import handles as room_frame
 from qim.gateway.routing.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
 from qim.gateway.routing.mailbox_requests import MailboxRequests
 from qim.gateway.routing.metrics import RoutingMetrics
@@ -88,6 +90,7 @@ from qim.schemas.records.push import (
     encode_push_record,
 )
 from qim.schemas.records.reactions import decode_reaction_push
+from qim.schemas.records.rooms import ROOM_TO_GATEWAY_KINDS
 from qim.streams.producer import replaced_counter
 
 if TYPE_CHECKING:
@@ -194,6 +197,7 @@ class ConversationRouter:
         self.prekeys: PrekeyRequests | None = None  # PREKEY_PUBLISH / _FETCH (``prekeys``)
         self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
         self.push_metrics: PushMetrics | None = None  # the node's (24.1.6, body_encode_count)
+        self.rooms: RoomRouter | None = None  # chatrooms (spec 14), when the node has them on
         self.metrics = RoutingMetrics(
             metrics_registry,
             clock_ms=clock_ms,
@@ -203,6 +207,9 @@ class ConversationRouter:
 
     async def start(self, source: ReplySource | None) -> None:
         await self.forwarder.start()
+        if self.rooms is not None:
+            self.rooms.connections = self.connections
+            await self.rooms.start()
         if source is None:
             log.warning("no ConnectionShard record source: writer replies will not be delivered")
             return
@@ -214,6 +221,8 @@ class ConversationRouter:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._pump
             self._pump = None
+        if self.rooms is not None:
+            await self.rooms.stop()
         await self.forwarder.stop()
 
     # -- requests -------------------------------------------------------------------------------
@@ -222,6 +231,9 @@ class ConversationRouter:
         """The node's frame handler: never blocks, never awaits Kafka."""
         grant = conn.session.grant
         if grant is None or conn.closing:
+            return
+        if self.rooms is not None and room_frame(frame):
+            self.rooms.handle(conn, frame)
             return
         if self.mailbox is not None and isinstance(frame.body, PullMailbox):
             self.mailbox.pull(conn, frame)
@@ -375,6 +387,10 @@ class ConversationRouter:
             verdict = self.prekeys.deliver(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
             return verdict
+        if self.rooms is not None and value and resolved.kind in ROOM_TO_GATEWAY_KINDS:
+            verdict = self.rooms.deliver(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
         if value and resolved.kind == "push_batch":
             verdict = self.push(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
@@ -503,6 +519,12 @@ def build_router(
             "prekey_partition_count",
             "key worker",
         )
+    if config.rooms:
+        extra[config.room_requests_topic] = (
+            config.room_partition_count,
+            "room_partition_count",
+            "RoomWriter",
+        )
     forwarder = RequestForwarder(
         producer,
         config.requests_topic,
@@ -544,5 +566,19 @@ def build_router(
             topic=config.prekey_requests_topic,
             partition_count=config.prekey_partition_count,
             retry_after_ms=int(settings.region_failover_retry_after_ms),
+        )
+    if config.rooms:
+        rate = settings.room_outbound_frame_rate
+        router.rooms = RoomRouter(
+            forwarder,
+            shard_of,
+            metrics_registry,
+            topic=config.room_requests_topic,
+            partition_count=config.room_partition_count,
+            max_rooms_per_connection=int(settings.max_rooms_per_connection),
+            window_ms=max(1, rate.period_ms // max(1, rate.count)),  # 100 ms for 10 frames/s
+            renew_ms=config.room_target_renew_ms,
+            retry_after_ms=int(settings.region_failover_retry_after_ms),
+            clock_ms=clock_ms,
         )
     return router

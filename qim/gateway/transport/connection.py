@@ -285,6 +285,7 @@ class Connection:
             return
         self._hooks.count(self, Count("flow", state.value))
         if state is FlowState.DEGRADED:  # drop the pending real-time queue, keep a flag
+            self.outbound.purge_stream(Stream.ROOM)  # and room frames first of all (11.3.2)
             tags = self.outbound.purge_pushes()
             self.session.push_purged(sum(t.ledger_bytes for t in tags), len(tags))
             for _ in tags:

@@ -276,6 +276,8 @@ class AdminReply(_Record, tag="admin_reply", kw_only=True, frozen=True):
     error: Error | None = None
     membership_version: U64 = 0
     member_count: U32 = 0
+    # A RoomWriter's answer to a room promotion (spec 14.4): the room's online members.
+    member_ids: tuple[str, ...] = ()
 
     @property
     def key(self) -> bytes:

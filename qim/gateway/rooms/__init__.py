@@ -1,0 +1,1 @@
+"""The ConnectionNode's chatrooms (spec 14): ``router`` (frames, replies, broadcasts, merging)."""
