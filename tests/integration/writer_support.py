@@ -34,6 +34,7 @@ from qim.schemas.records import (
     PullReactionsRequest,
     ReactRequest,
     SendRequest,
+    TypingRequest,
     WriterReply,
     conversation_partition,
     decode_outbox_record,
@@ -222,7 +223,7 @@ def _conversation(request: ConversationRequest) -> tuple[str, str]:
         return request.tenant_id, request.message.conversation_id
     if isinstance(request, CreateGroupRequest | LeaveGroupRequest):
         return request.tenant_id, request.message.group_id
-    if isinstance(request, AmendRequest | ReactRequest | PullReactionsRequest):
+    if isinstance(request, AmendRequest | ReactRequest | PullReactionsRequest | TypingRequest):
         return request.tenant_id, request.conversation_id
     return request.tenant_id, request.group_id
 

@@ -32,6 +32,7 @@ from qim.schemas.records import (
     PullReactionsRequest,
     ReactRequest,
     SendRequest,
+    TypingRequest,
     WriterReply,
 )
 from qim.schemas.records.requests import reply_for
@@ -56,6 +57,7 @@ SessionRequest: TypeAlias = (
     | LeaveGroupRequest
     | ReactRequest
     | PullReactionsRequest
+    | TypingRequest
 )
 """The requests a client sent through a gateway session, answered on ``qim.to-gateway``."""
 

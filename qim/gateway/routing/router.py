@@ -40,6 +40,9 @@ to-gateway topic go to it instead of being counted as an unknown kind.
 ``kind="reaction_push"`` records (the ConversationWriter's merged REACTION_UPDATE of one message,
 ``qim.schemas.records.reactions``) go to every live session of their recipients on this node.
 
+``kind="typing_relay"`` records (13.2, the writer's verdict on a TYPING) are written to every
+live connection of their recipients (:mod:`~qim.gateway.push.transient`).
+
 ``kind="push_batch"`` records (the MailboxNode's PushBatch, spec 11.1) are expanded against
 this node's live connections (:func:`~qim.core.push.expand_batch`, keyed by ``conn_id``, the
 ``connection_id`` the presence entry carries); each delivery goes to that connection's
@@ -68,6 +71,7 @@ from qim.gateway.logins import jittered
 from qim.gateway.ports import AuthGrant
 from qim.gateway.push.delivery import deliver_push_batch
 from qim.gateway.push.metrics import PushMetrics
+from qim.gateway.push.transient import deliver_typing
 from qim.gateway.routing.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
 from qim.gateway.routing.mailbox_requests import MailboxRequests
 from qim.gateway.routing.metrics import RoutingMetrics
@@ -88,6 +92,7 @@ from qim.schemas.records.push import (
     encode_push_record,
 )
 from qim.schemas.records.reactions import decode_reaction_push
+from qim.schemas.records.transient import decode_typing_relay
 from qim.streams.producer import replaced_counter
 
 if TYPE_CHECKING:
@@ -371,6 +376,10 @@ class ConversationRouter:
             verdict = self.mailbox.session_push(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
             return verdict
+        if value and resolved.kind == "typing_relay":
+            verdict = self.typing(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
         if self.prekeys is not None and value and resolved.kind == "prekey_reply":
             verdict = self.prekeys.deliver(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
@@ -439,6 +448,15 @@ class ConversationRouter:
                 conn.apply([Send(frame, version=conn.session.version)])
                 delivered = True
         return ReplyVerdict.DELIVER if delivered else ReplyVerdict.NO_SESSION
+
+    def typing(self, value: bytes) -> ReplyVerdict:
+        """A TYPING relay (13.2) onto the recipients' live connections on this node."""
+        try:
+            relay = decode_typing_relay(value)
+        except (msgspec.DecodeError, ValueError):
+            return ReplyVerdict.MALFORMED
+        written = deliver_typing(relay, self._registry)
+        return ReplyVerdict.DELIVER if written else ReplyVerdict.NO_SESSION
 
     def _report_stale(self, stale: PresenceStale) -> None:
         mailbox = self.mailbox

@@ -41,6 +41,7 @@ from qim.schemas.frames import (
     Recall,
     SendMessage,
 )
+from qim.schemas.frames.control import Typing
 from qim.schemas.records.outbox import GROUP
 from qim.schemas.records.requests import (
     AmendRequest,
@@ -52,6 +53,7 @@ from qim.schemas.records.requests import (
     PullReactionsRequest,
     ReactRequest,
     SendRequest,
+    TypingRequest,
     conversation_partition,
     encode_record,
 )
@@ -68,8 +70,10 @@ ROUTED_FRAMES: Final = (
     LeaveGroup,
     React,
     PullReactions,
+    Typing,
 )
-"""The request frames the ConversationWriter answers (A.3 #4, #5, #8, #9, #18-#22)."""
+"""The request frames the ConversationWriter decides (A.3 #4, #5, #8, #9, #10, #18-#22); TYPING
+has no reply unless refused (13.2), the writer relays it to the other members."""
 
 _KINDS: Final[dict[type[Body], str]] = {
     SendMessage: "send",
@@ -81,6 +85,7 @@ _KINDS: Final[dict[type[Body], str]] = {
     LeaveGroup: "leave_group",
     React: "react",
     PullReactions: "pull_reactions",
+    Typing: "typing",
 }
 
 
@@ -131,7 +136,8 @@ def route_frame(
     if not isinstance(body, ROUTED_FRAMES):
         return None
     if isinstance(
-        body, SendMessage | PullHistory | PullMembers | Recall | Edit | React | PullReactions
+        body,
+        SendMessage | PullHistory | PullMembers | Recall | Edit | React | PullReactions | Typing,
     ):
         conversation = body.conversation_id
     else:
@@ -155,7 +161,8 @@ def _envelope(
     | CreateGroup
     | LeaveGroup
     | React
-    | PullReactions,
+    | PullReactions
+    | Typing,
     grant: AuthGrant,
     shard: int,
     rid: int,
@@ -190,6 +197,16 @@ def _envelope(
             conversation_id=body.conversation_id,
             target_conversation_seq=body.target_conversation_seq,
             new_payload=body.new_payload if isinstance(body, Edit) else b"",
+        )
+    if isinstance(body, Typing):
+        return TypingRequest(
+            tenant_id=tenant,
+            user_id=user,
+            device_id=device,
+            session_epoch=epoch,
+            connection_shard=shard,
+            request_id=rid,
+            conversation_id=body.conversation_id,
         )
     if isinstance(body, React):
         return ReactRequest(

@@ -51,6 +51,7 @@ __all__ = [
     "PullReactionsRequest",
     "ReactRequest",
     "SendRequest",
+    "TypingRequest",
     "WriterReply",
     "conversation_key",
     "conversation_partition",
@@ -226,6 +227,19 @@ class LeaveGroupRequest(_FromSession, tag="leave_group", kw_only=True, frozen=Tr
         return conversation_key(self.tenant_id, self.message.group_id)
 
 
+class TypingRequest(_FromSession, tag="typing", kw_only=True, frozen=True):
+    """TYPING uplink (A.3 #10, spec 13.2): decided by the writer, which knows the members.
+
+    No reply when it is forwarded, merged or not forwarded (a large group); a non-member gets
+    ``WriterReply.error`` (PERMISSION_DENIED). Nothing is appended to the outbox."""
+
+    conversation_id: str
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.conversation_id)
+
+
 class AdminReplyTo(_Record, tag="admin_reply_to", kw_only=True, frozen=True):
     """Where an admin request's answer goes: ``qim.admin-replies``, key ``node_id``."""
 
@@ -263,6 +277,7 @@ ConversationRequest: TypeAlias = (
     | AdminGroupRequest
     | ReactRequest
     | PullReactionsRequest
+    | TypingRequest
 )
 """Every kind of the conversation-requests topic. Add a kind: a ``_Record`` subclass with its own
 ``tag`` here; old consumers reject an unknown tag, so deploy consumers before producers."""

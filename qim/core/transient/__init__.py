@@ -1,0 +1,24 @@
+"""Transient delivery rules (spec 13.2, 13.5): typing, presence subscriptions, RTC ring timers.
+
+Pure: plain data in, decisions out, time always an argument. Nothing here touches a mailbox,
+the history, the session list or unread (INV-33): the shells that call these cores only ever
+write to live connections.
+"""
+
+from qim.core.transient.typing_relay import (
+    TypingForward,
+    TypingGate,
+    TypingRules,
+    TypingVerdict,
+    by_connection_shard,
+    decide_typing,
+)
+
+__all__ = [
+    "TypingForward",
+    "TypingGate",
+    "TypingRules",
+    "TypingVerdict",
+    "by_connection_shard",
+    "decide_typing",
+]
