@@ -70,6 +70,7 @@ from qim.schemas.frames import (
     UnknownFrame,
     spec_for_model,
 )
+from qim.schemas.frames.control import PresenceEntry, PresenceSub, PresenceSubDown
 
 __all__ = ["DEFAULT_CLIENT_VERSION", "QimClient"]
 
@@ -140,6 +141,7 @@ class QimClient(FrameCalls, UserStateCalls, RealtimeCalls):
         self.kicked: Kicked | None = None
         self.last_error: QimError | None = None  # last connection-level ERROR (request_id 0)
         self.typing_indicators = TypingIndicators()
+        self.presence: dict[str, PresenceEntry] = {}
         self._notified: dict[int, None] = {}  # request_ids of notify(): their ERROR is an event
         self.last_applied_mailbox_seq = 0  # the application's cursor, reported in PING
         self._bound: tuple[str, str, int] = ("", DEFAULT_CLIENT_VERSION, 0)  # for reauth
@@ -397,6 +399,9 @@ class QimClient(FrameCalls, UserStateCalls, RealtimeCalls):
             del self._notified[next(iter(self._notified))]
         await self._send(stamp_request_id(body, request_id), request_id, None)
         return request_id
+
+    async def _call_presence(self, body: PresenceSub, timeout: float | None) -> PresenceSubDown:
+        return await self._call(body, PresenceSubDown, timeout)
 
     async def _call(self, body: Body, reply: type[R], timeout: float | None) -> R:  # FrameCalls
         frame = await self.request(body, timeout=timeout)

@@ -1,13 +1,19 @@
-"""Transient signals in the SDK (spec 13.2, 13.5): typing, with its local indicator state.
+# ruff: noqa: ASYNC109  # timeout= is the reply deadline of one request (see client.py)
+"""Transient signals in the SDK (spec 13.2, 13.5): typing and presence, with local state.
 
 None of these touch the mailbox, so none of them has a cursor, a retry or a reply on success:
 ``typing()`` goes out and is either relayed to the conversation's other members or refused
 (an ``ERROR`` carrying its request_id, e.g. PERMISSION_DENIED for a non-member, delivered as
 an event and in ``last_error``).
 
+``subscribe_presence()`` returns the full snapshot of the (new) subscription set; later
+changes arrive as PRESENCE_SUB frames with request_id 0. Subscriptions are soft state on the
+server's connection: after a reconnect or a REDIRECT, subscribe again (13.2).
+
 Downlink handling: :class:`TypingIndicators` keeps who is typing where, each entry until its
-``expires_in_ms`` runs out (there is no stop frame, 13.2); ``on_typing`` is called for each
-downlink TYPING, before the frame is queued as an event.
+``expires_in_ms`` runs out (there is no stop frame, 13.2); :attr:`presence` holds the latest
+entry per user from the snapshot and the increments. ``on_typing`` / ``on_presence`` are
+called for each downlink frame, before it is queued as an event.
 """
 
 from __future__ import annotations
@@ -16,7 +22,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from qim.schemas.frames import Body
-from qim.schemas.frames.control import Typing, TypingDown
+from qim.schemas.frames.control import (
+    PresenceEntry,
+    PresenceSub,
+    PresenceSubDown,
+    Typing,
+    TypingDown,
+)
 
 __all__ = ["RealtimeCalls", "TypingIndicators"]
 
@@ -43,10 +55,42 @@ class RealtimeCalls:
     on_typing: Callable[[TypingDown], None] | None = None
     """Called for every downlink TYPING (after :attr:`typing_indicators` took it)."""
 
+    on_presence: Callable[[PresenceSubDown], None] | None = None
+    """Called for every incremental PRESENCE_SUB (after :attr:`presence` took it)."""
+
     typing_indicators: TypingIndicators
+    presence: dict[str, PresenceEntry]
+    """The latest presence entry per subscribed user (snapshot, then increments)."""
 
     async def notify(self, body: Body) -> int:
         raise NotImplementedError
+
+    async def _call_presence(self, body: PresenceSub, timeout: float | None) -> PresenceSubDown:
+        raise NotImplementedError
+
+    async def subscribe_presence(
+        self,
+        user_ids: tuple[str, ...] = (),
+        *,
+        conversation_id: str = "",
+        action: str = "subscribe",
+        timeout: float | None = None,
+    ) -> PresenceSubDown:
+        """PRESENCE_SUB (A.3 #11): ``action`` subscribe | unsubscribe | replace, by
+        ``user_ids`` OR a group ``conversation_id`` (its members), never both. Returns the
+        full snapshot (empty for unsubscribe). Over ``presence_sub_max_targets`` the server
+        answers RATE_LIMITED without ``retry_after_ms``: nothing was subscribed and retrying
+        will not help (:class:`~qim.client.QimError`)."""
+        body = PresenceSub(action=action, targets=tuple(user_ids), conversation_id=conversation_id)
+        snapshot = await self._call_presence(body, timeout)
+        if action == "unsubscribe":
+            for user in user_ids:
+                self.presence.pop(user, None)
+        elif action == "replace":
+            self.presence.clear()
+        for entry in snapshot.entries:
+            self.presence[entry.user_id] = entry
+        return snapshot
 
     async def typing(self, conversation_id: str) -> int:
         """TYPING (A.3 #10): "I am typing" to the other members' online devices; returns the
@@ -60,3 +104,8 @@ class RealtimeCalls:
             self.typing_indicators.on_frame(body, now_ms)
             if self.on_typing is not None:
                 self.on_typing(body)
+        elif isinstance(body, PresenceSubDown):
+            for entry in body.entries:
+                self.presence[entry.user_id] = entry
+            if self.on_presence is not None:
+                self.on_presence(body)

@@ -20,6 +20,7 @@ from pathlib import Path
 from qim.client import QimClient
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
 from qim.gateway.ownership.shards import ShardOwnership
+from qim.schemas import mailbox_shard_id, user_bucket
 from qim.schemas.frames import Body, Frame
 from tests.gateway_support import Gateway, running_gateway
 from tests.integration.device_support import login
@@ -102,11 +103,20 @@ async def nodes(stack: Stack) -> AsyncIterator[tuple[Node, Node]]:
         yield a, b
 
 
-def user_on(node: Node, tenant: str, prefix: str) -> str:
-    """A user id starting with ``prefix`` whose ConnectionShard ``node`` owns."""
-    for i in range(10_000):
+def presence_partition(tenant: str, user: str) -> int:
+    """The user's partition of the presence topic (its MailboxShard)."""
+    bucket = user_bucket(tenant, user, int(SETTINGS.virtual_bucket_count))
+    return mailbox_shard_id(bucket, int(SETTINGS.mailbox_shard_count))
+
+
+def user_on(node: Node, tenant: str, prefix: str, *, near: str | None = None) -> str:
+    """A user id starting with ``prefix`` whose ConnectionShard ``node`` owns (and, with
+    ``near``, whose presence records share that user's partition: ordered with them)."""
+    for i in range(100_000):
         user = f"{prefix}{i}"
-        if node.owns_user(tenant, user):
+        if not node.owns_user(tenant, user):
+            continue
+        if near is None or presence_partition(tenant, user) == presence_partition(tenant, near):
             return user
     raise AssertionError(f"no {prefix}* user on {node.gw.node.config.node_id}")
 

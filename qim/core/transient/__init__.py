@@ -5,6 +5,14 @@ the history, the session list or unread (INV-33): the shells that call these cor
 write to live connections.
 """
 
+from qim.core.transient.presence_sub import (
+    ACTIONS,
+    OFFLINE,
+    ONLINE,
+    PresenceState,
+    PresenceSubscription,
+    SubscriptionChange,
+)
 from qim.core.transient.typing_relay import (
     TypingForward,
     TypingGate,
@@ -15,6 +23,12 @@ from qim.core.transient.typing_relay import (
 )
 
 __all__ = [
+    "ACTIONS",
+    "OFFLINE",
+    "ONLINE",
+    "PresenceState",
+    "PresenceSubscription",
+    "SubscriptionChange",
     "TypingForward",
     "TypingGate",
     "TypingRules",

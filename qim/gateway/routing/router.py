@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -81,8 +82,16 @@ from qim.gateway.routing.rules import Routed, not_offered, request_kind, route_f
 from qim.gateway.routing.send_rate import UserMsgRate
 from qim.observability.logging import trace
 from qim.params.values import Rate
-from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, SendMessage, for_code
-from qim.schemas.frames.control import ConversationState, MarkRead
+from qim.schemas.frames import (
+    Error,
+    ErrorCode,
+    Frame,
+    PullMailbox,
+    PullMembers,
+    SendMessage,
+    for_code,
+)
+from qim.schemas.frames.control import ConversationState, MarkRead, PresenceSub
 from qim.schemas.frames.history import PullHistory, PullSessionList
 from qim.schemas.frames.reactions import ReactionUpdate
 from qim.schemas.records.push import (
@@ -97,6 +106,7 @@ from qim.streams.producer import replaced_counter
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig
+    from qim.gateway.presence_subs import PresenceSubscriptions
     from qim.gateway.transport.connection import Connection
 
 __all__ = ["ConversationRouter", "ReplySource", "build_router"]
@@ -199,6 +209,8 @@ class ConversationRouter:
         self.prekeys: PrekeyRequests | None = None  # PREKEY_PUBLISH / _FETCH (``prekeys``)
         self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
         self.push_metrics: PushMetrics | None = None  # the node's (24.1.6, body_encode_count)
+        self.presence: PresenceSubscriptions | None = None  # PRESENCE_SUB (13.2), the node's
+        self._presence_asks: dict[_PendingKey, tuple[Connection, Frame]] = {}
         self.metrics = RoutingMetrics(
             metrics_registry,
             clock_ms=clock_ms,
@@ -246,6 +258,9 @@ class ConversationRouter:
             return
         if self.prekeys is not None and isinstance(frame.body, PREKEY_FRAMES):
             self.prekeys.handle(conn, frame)
+            return
+        if self.presence is not None and isinstance(frame.body, PresenceSub):
+            self.presence.handle(conn, frame)
             return
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(
@@ -312,6 +327,25 @@ class ConversationRouter:
         )
         conn.apply([Send(error, request_id=rid, version=conn.session.version)])
         return False
+
+    def presence_members(self, conn: Connection, frame: Frame, conversation_id: str) -> None:
+        """PRESENCE_SUB{conversation_id}: ask the writer for the members (one page of
+        presence_sub_max_targets; it refuses a non-member), answered in ``deliver``."""
+        grant = conn.session.grant
+        presence = self.presence
+        if grant is None or presence is None:
+            return
+        ask = dataclasses.replace(
+            frame,
+            body=PullMembers(conversation_id=conversation_id, limit=presence.max_targets),
+        )
+        rid = frame.header.request_id
+        key = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch, rid)
+        asks = self._presence_asks
+        while len(asks) >= 10_000:
+            del asks[next(iter(asks))]
+        asks[key] = (conn, frame)
+        self.handle(conn, ask)
 
     def _produced(
         self, conn: Connection, key: _PendingKey, routed: Routed, exc: BaseException | None
@@ -400,6 +434,10 @@ class ConversationRouter:
         entry = self._pending.pop((*key, reply.request_id), None)
         conn = resolved.conn
         if conn is None or resolved.verdict is not ReplyVerdict.DELIVER:
+            return resolved.verdict
+        asked = self._presence_asks.pop((*key, reply.request_id), None)
+        if asked is not None and reply.members is not None and self.presence is not None:
+            self.presence.members(asked[0], asked[1], reply.members)  # its targets, not a frame
             return resolved.verdict
         conn.apply([reply_send(reply, conn.session.version)])
         latency = None if entry is None else self._clock_ms() - entry.started_ms
