@@ -389,8 +389,8 @@ class QimClient(FrameCalls, UserStateCalls, RealtimeCalls):
 
     async def notify(self, body: Body) -> int:
         """Send a request that has no reply on success (TYPING, RTC_SIGNAL) with a fresh
-        request_id, and return it: a refusal carries it and arrives as an event (and in
-        ``last_error``) instead of being counted as a late reply."""
+        request_id, and return it: an answer carrying it (a refusal, also in ``last_error``;
+        RTC's ``cancel{reason=offline}``) arrives as an event, not as a late reply."""
         placeholder: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
         request_id = self._requests.open(body, placeholder)  # a fresh id, never in flight
         self._requests.discard(request_id, placeholder)
@@ -512,7 +512,7 @@ class QimClient(FrameCalls, UserStateCalls, RealtimeCalls):
             else:
                 future.set_result(frame)
             return
-        notified = isinstance(body, Error) and frame.header.request_id in self._notified
+        notified = frame.header.request_id in self._notified  # a refusal, or RTC "offline"
         if frame.header.request_id != 0 and not notified:
             self.late_replies += 1
             return

@@ -1,5 +1,5 @@
 # ruff: noqa: ASYNC109  # timeout= is the reply deadline of one request (see client.py)
-"""Transient signals in the SDK (spec 13.2, 13.5): typing and presence, with local state.
+"""Transient signals in the SDK (spec 13.2, 13.5): typing, presence and RTC signalling.
 
 None of these touch the mailbox, so none of them has a cursor, a retry or a reply on success:
 ``typing()`` goes out and is either relayed to the conversation's other members or refused
@@ -9,6 +9,13 @@ an event and in ``last_error``).
 ``subscribe_presence()`` returns the full snapshot of the (new) subscription set; later
 changes arrive as PRESENCE_SUB frames with request_id 0. Subscriptions are soft state on the
 server's connection: after a reconnect or a REDIRECT, subscribe again (13.2).
+
+``rtc_signal()`` sends one RTC_SIGNAL step (invite, ringing, accept, reject, busy, cancel,
+bye) of a call the app names by ``call_id``; the callee's devices all ring, the server sends
+``cancel`` itself with ``reason`` ``answered_elsewhere`` / ``rejected_elsewhere`` (another
+device of the callee answered), ``timeout`` (``rtc_ring_timeout`` passed) or ``offline`` (no
+device of the target is online; answered with the request's request_id). The call record is
+an ordinary message the app sends afterwards (13.5.3).
 
 Downlink handling: :class:`TypingIndicators` keeps who is typing where, each entry until its
 ``expires_in_ms`` runs out (there is no stop frame, 13.2); :attr:`presence` holds the latest
@@ -29,6 +36,7 @@ from qim.schemas.frames.control import (
     Typing,
     TypingDown,
 )
+from qim.schemas.frames.rtc import RtcSignal, RtcSignalDown
 
 __all__ = ["RealtimeCalls", "TypingIndicators"]
 
@@ -57,6 +65,9 @@ class RealtimeCalls:
 
     on_presence: Callable[[PresenceSubDown], None] | None = None
     """Called for every incremental PRESENCE_SUB (after :attr:`presence` took it)."""
+
+    on_rtc_signal: Callable[[RtcSignalDown], None] | None = None
+    """Called for every downlink RTC_SIGNAL (relayed, or the server's own ``cancel``)."""
 
     typing_indicators: TypingIndicators
     presence: dict[str, PresenceEntry]
@@ -98,12 +109,38 @@ class RealtimeCalls:
         one per ``typing_merge_window`` and the indicator lasts ``typing_ttl`` (13.2)."""
         return await self.notify(Typing(conversation_id=conversation_id))
 
+    async def rtc_signal(
+        self,
+        conversation_id: str,
+        target_user_id: str,
+        signal_type: str,
+        call_id: str,
+        signal_payload: bytes = b"",
+        *,
+        reason: str = "",
+    ) -> int:
+        """RTC_SIGNAL (A.3 #16): one call step to every online device of ``target_user_id``
+        (both must be members of ``conversation_id``); ``signal_payload`` (<= 8 KiB) is
+        opaque to the server. Returns the request_id a refusal or ``offline`` would carry."""
+        body = RtcSignal(
+            conversation_id=conversation_id,
+            target_user_id=target_user_id,
+            signal_payload=signal_payload,
+            call_id=call_id,
+            signal_type=signal_type,
+            reason=reason,
+        )
+        return await self.notify(body)
+
     def _realtime_frame(self, body: Body, now_ms: int) -> None:
         """Downlink transient frames update the local state before they are queued."""
         if isinstance(body, TypingDown):
             self.typing_indicators.on_frame(body, now_ms)
             if self.on_typing is not None:
                 self.on_typing(body)
+        elif isinstance(body, RtcSignalDown):
+            if self.on_rtc_signal is not None:
+                self.on_rtc_signal(body)
         elif isinstance(body, PresenceSubDown):
             for entry in body.entries:
                 self.presence[entry.user_id] = entry

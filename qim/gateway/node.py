@@ -39,6 +39,7 @@ from qim.gateway.revocations import RevocationFollower
 from qim.gateway.routing.forwarder import RequestProducer
 from qim.gateway.routing.router import ConversationRouter, ReplySource, build_router
 from qim.gateway.routing.rules import not_offered
+from qim.gateway.rtc import RtcSignalling
 from qim.gateway.session import Session
 from qim.gateway.states import ConnState
 from qim.gateway.transport.budget import NodeSendBudget, available_memory_bytes
@@ -135,6 +136,7 @@ class ConnectionNode:
         self.router: ConversationRouter | None = None
         self.directory: PresenceDirectory | None = None  # the presence topic, all partitions
         self.presence_subs: PresenceSubscriptions | None = None
+        self.rtc: RtcSignalling | None = None
         if config.route_requests:
             self.router = build_router(
                 config, self.registry, self.logins.shard_of, self.metrics.registry,
@@ -157,6 +159,12 @@ class ConnectionNode:
             )
             self.presence_subs.members_of = self.router.presence_members
             self.router.presence = self.presence_subs
+            self.rtc = RtcSignalling(
+                self.registry, self.directory, self.router.forwarder,
+                topic=config.to_gateway_topic, shard_of=self.logins.shard_of,
+                ring_timeout_ms=int(config.settings.rtc_ring_timeout), clock_ms=clock_ms,
+            )  # fmt: skip
+            self.router.rtc = self.rtc
         if frame_handler is None and self.router is not None:
             frame_handler = self.router.handle
         self.frame_handler = frame_handler
@@ -187,6 +195,8 @@ class ConnectionNode:
             await self._revocations.start()
         if self.directory is not None:
             await self.directory.start()
+        if self.rtc is not None:
+            await self.rtc.start()
         if self.router is not None:
             source = self.ownership if isinstance(self.ownership, ReplySource) else None
             await self.router.start(source)
@@ -216,6 +226,8 @@ class ConnectionNode:
             await self._revocations.stop()
         if self.directory is not None:
             await self.directory.stop()
+        if self.rtc is not None:
+            await self.rtc.stop()
         if self._writer is not None:
             await self._writer.stop()
         await self.listeners.stop_metrics()

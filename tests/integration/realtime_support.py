@@ -20,6 +20,7 @@ from pathlib import Path
 from qim.client import QimClient
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
 from qim.gateway.ownership.shards import ShardOwnership
+from qim.params import Settings
 from qim.schemas import mailbox_shard_id, user_bucket
 from qim.schemas.frames import Body, Frame
 from tests.gateway_support import Gateway, running_gateway
@@ -66,7 +67,9 @@ async def pipeline(
 
 
 @contextlib.asynccontextmanager
-async def _node(stack: Stack, group: str, name: str) -> AsyncIterator[Node]:
+async def _node(
+    stack: Stack, group: str, name: str, settings: Settings | None
+) -> AsyncIterator[Node]:
     bootstrap = stack.cfg.kafka.bootstrap
     ownership = ShardOwnership(bootstrap, group, f"ws://{name}")
     await ownership.start()
@@ -74,7 +77,7 @@ async def _node(stack: Stack, group: str, name: str) -> AsyncIterator[Node]:
         await asyncio.wait_for(ownership.wait_assigned(), WAIT_S)
         async with running_gateway(
             ownership=ownership,
-            settings=SETTINGS,
+            settings=settings or SETTINGS,
             node_id=name,
             kafka_bootstrap=bootstrap,
             route_requests=True,
@@ -87,10 +90,13 @@ async def _node(stack: Stack, group: str, name: str) -> AsyncIterator[Node]:
 
 
 @contextlib.asynccontextmanager
-async def nodes(stack: Stack) -> AsyncIterator[tuple[Node, Node]]:
+async def nodes(stack: Stack, settings: Settings | None = None) -> AsyncIterator[tuple[Node, Node]]:
     """Two syncing, routing nodes of one gateway group, once the shards are split."""
     group = f"qim-gw-pair-{uuid.uuid4().hex[:8]}"
-    async with _node(stack, group, "gw-a") as a, _node(stack, group, "gw-b") as b:
+    async with (
+        _node(stack, group, "gw-a", settings) as a,
+        _node(stack, group, "gw-b", settings) as b,
+    ):
         loop = asyncio.get_running_loop()
         deadline = loop.time() + WAIT_S
         count = int(SETTINGS.connection_shard_count)

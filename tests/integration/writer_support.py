@@ -33,6 +33,7 @@ from qim.schemas.records import (
     PullMembersRequest,
     PullReactionsRequest,
     ReactRequest,
+    RtcSignalRequest,
     SendRequest,
     TypingRequest,
     WriterReply,
@@ -219,7 +220,9 @@ class Client:
 
 
 def _conversation(request: ConversationRequest) -> tuple[str, str]:
-    if isinstance(request, SendRequest | PullHistoryRequest | PullMembersRequest):
+    if isinstance(
+        request, SendRequest | PullHistoryRequest | PullMembersRequest | RtcSignalRequest
+    ):
         return request.tenant_id, request.message.conversation_id
     if isinstance(request, CreateGroupRequest | LeaveGroupRequest):
         return request.tenant_id, request.message.group_id

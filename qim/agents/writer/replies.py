@@ -31,6 +31,7 @@ from qim.schemas.records import (
     PullMembersRequest,
     PullReactionsRequest,
     ReactRequest,
+    RtcSignalRequest,
     SendRequest,
     TypingRequest,
     WriterReply,
@@ -58,6 +59,7 @@ SessionRequest: TypeAlias = (
     | ReactRequest
     | PullReactionsRequest
     | TypingRequest
+    | RtcSignalRequest
 )
 """The requests a client sent through a gateway session, answered on ``qim.to-gateway``."""
 

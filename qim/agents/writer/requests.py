@@ -29,6 +29,7 @@ from qim.agents.writer.membership import admin, create, leave
 from qim.agents.writer.partition import PartitionWriter, Plan
 from qim.agents.writer.replies import refuse, reply_to
 from qim.core.conversation import Accepted, Amended, Reacted, WriterConfig, conversation_kind
+from qim.core.conversation.ids import is_direct_participant
 from qim.core.conversation.quota import QUOTA_EXHAUSTED, UserKey, joining_users, quota_refused
 from qim.core.history import (
     FULL_INTERVAL,
@@ -55,6 +56,7 @@ from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.frames.exceptions import ProtocolError
 from qim.schemas.frames.history import HistoryBatch
 from qim.schemas.frames.reactions import ReactionList
+from qim.schemas.frames.rtc import RtcSignalDown
 from qim.schemas.ids import ClockUnsafeError
 from qim.schemas.records import (
     DIRECT,
@@ -68,11 +70,12 @@ from qim.schemas.records import (
     PullMembersRequest,
     PullReactionsRequest,
     ReactRequest,
+    RtcSignalRequest,
     SendRequest,
     TypingRequest,
     conversation_partition,
 )
-from qim.schemas.records.transient import TypingRelay
+from qim.schemas.records.transient import RtcRelay, TypingRelay
 from qim.tables.message_store import MessageStore
 
 __all__ = ["RequestContext", "connection_shards", "conversation_of_request", "handle_request"]
@@ -118,7 +121,7 @@ def conversation_of_request(request: ConversationRequest) -> tuple[str, str]:
     match request:
         case SendRequest():
             return request.tenant_id, request.message.conversation_id
-        case PullHistoryRequest() | PullMembersRequest():
+        case PullHistoryRequest() | PullMembersRequest() | RtcSignalRequest():
             return request.tenant_id, request.message.conversation_id
         case AmendRequest() | ReactRequest() | PullReactionsRequest() | TypingRequest():
             return request.tenant_id, request.conversation_id
@@ -229,6 +232,46 @@ def _dispatch(
             admin(pw, request, max_members=ctx.max_members, now_ms=now_ms, plan=plan)
         case TypingRequest():
             _typing(pw, ctx, request, now_ms, plan)
+        case RtcSignalRequest():
+            _rtc_signal(pw, ctx, request, plan)
+
+
+def _rtc_signal(
+    pw: PartitionWriter, ctx: RequestContext, request: RtcSignalRequest, plan: Plan
+) -> None:
+    """RTC_SIGNAL (13.5.1): sender and target must both be members of the conversation (a
+    one-to-one conversation: its id is theirs, recomputed, so no message is needed first);
+    then one relay to the target's ConnectionShard. Appends nothing."""
+    tenant_id, signal = request.tenant_id, request.message
+    sender, target = request.user_id, signal.target_user_id
+    conversation_id = signal.conversation_id
+    if conversation_kind(conversation_id) == GROUP:
+        m = pw.membership
+        allowed = m.is_member(tenant_id, conversation_id, sender) and m.is_member(
+            tenant_id, conversation_id, target
+        )
+    else:
+        allowed = sender != target and is_direct_participant(
+            tenant_id, conversation_id, sender, target
+        )
+    if not allowed:
+        raise MembershipRejected("not_a_member")
+    plan.transient.append(
+        RtcRelay(
+            tenant_id=tenant_id,
+            target_user_id=target,
+            connection_shard=ctx.connection_shard_of(tenant_id, target),
+            signal=RtcSignalDown(
+                conversation_id=conversation_id,
+                from_user_id=sender,
+                from_device_id=request.device_id,
+                call_id=signal.call_id,
+                signal_type=signal.signal_type,
+                reason=signal.reason,
+                signal_payload=signal.signal_payload,
+            ),
+        )
+    )
 
 
 def _typing(

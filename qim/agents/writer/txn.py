@@ -398,7 +398,7 @@ class OwnedPartition:
             futures.append(await produce(topics.admin_replies, value, admin.key, 0))
         for relay in plan.transient:  # 13.2: after the replies, never inside a cut batch's state
             if not 0 <= relay.partition < topics.to_gateway_partitions:
-                log.error("typing relay for connection_shard %d dropped", relay.partition)
+                log.error("transient relay for connection_shard %d dropped", relay.partition)
                 continue
             value = encode_transient(relay)
             futures.append(await produce(topics.to_gateway, value, relay.key, relay.partition))

@@ -13,6 +13,7 @@ from qim.core.transient.presence_sub import (
     PresenceSubscription,
     SubscriptionChange,
 )
+from qim.core.transient.rtc import Ringing, RingTimers, answer_reason
 from qim.core.transient.typing_relay import (
     TypingForward,
     TypingGate,
@@ -28,11 +29,14 @@ __all__ = [
     "ONLINE",
     "PresenceState",
     "PresenceSubscription",
+    "RingTimers",
+    "Ringing",
     "SubscriptionChange",
     "TypingForward",
     "TypingGate",
     "TypingRules",
     "TypingVerdict",
+    "answer_reason",
     "by_connection_shard",
     "decide_typing",
 ]

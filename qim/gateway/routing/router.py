@@ -94,6 +94,7 @@ from qim.schemas.frames import (
 from qim.schemas.frames.control import ConversationState, MarkRead, PresenceSub
 from qim.schemas.frames.history import PullHistory, PullSessionList
 from qim.schemas.frames.reactions import ReactionUpdate
+from qim.schemas.frames.rtc import RtcSignal
 from qim.schemas.records.push import (
     PresenceStale,
     PushBatch,
@@ -101,12 +102,13 @@ from qim.schemas.records.push import (
     encode_push_record,
 )
 from qim.schemas.records.reactions import decode_reaction_push
-from qim.schemas.records.transient import decode_typing_relay
+from qim.schemas.records.transient import decode_rtc_relay, decode_typing_relay
 from qim.streams.producer import replaced_counter
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig
     from qim.gateway.presence_subs import PresenceSubscriptions
+    from qim.gateway.rtc import RtcSignalling
     from qim.gateway.transport.connection import Connection
 
 __all__ = ["ConversationRouter", "ReplySource", "build_router"]
@@ -210,6 +212,7 @@ class ConversationRouter:
         self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
         self.push_metrics: PushMetrics | None = None  # the node's (24.1.6, body_encode_count)
         self.presence: PresenceSubscriptions | None = None  # PRESENCE_SUB (13.2), the node's
+        self.rtc: RtcSignalling | None = None  # RTC_SIGNAL ring timers (13.5), the node's
         self._presence_asks: dict[_PendingKey, tuple[Connection, Frame]] = {}
         self.metrics = RoutingMetrics(
             metrics_registry,
@@ -262,6 +265,9 @@ class ConversationRouter:
         if self.presence is not None and isinstance(frame.body, PresenceSub):
             self.presence.handle(conn, frame)
             return
+        rtc = self.rtc
+        if rtc is not None and isinstance(frame.body, RtcSignal) and rtc.outgoing(conn, frame):
+            return  # refused, or answered "offline" (13.5.2)
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(
             frame, grant, connection_shard=shard, partition_count=self.forwarder.partition_count
@@ -408,6 +414,16 @@ class ConversationRouter:
             return verdict
         if self.mailbox is not None and value and resolved.kind == "session_push":
             verdict = self.mailbox.session_push(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
+        if value and resolved.kind == "rtc_relay" and self.rtc is not None:
+            try:
+                relay = decode_rtc_relay(value)
+            except (msgspec.DecodeError, ValueError):
+                verdict = ReplyVerdict.MALFORMED
+            else:
+                written = self.rtc.incoming(relay)
+                verdict = ReplyVerdict.DELIVER if written else ReplyVerdict.NO_SESSION
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
             return verdict
         if value and resolved.kind == "typing_relay":
@@ -559,6 +575,11 @@ def build_router(
             "prekey_partition_count",
             "key worker",
         )
+    extra[config.to_gateway_topic] = (  # RTC: a callee's node tells the caller (13.5.3)
+        int(settings.connection_shard_count),
+        "connection_shard_count",
+        "ConnectionNode",
+    )
     forwarder = RequestForwarder(
         producer,
         config.requests_topic,

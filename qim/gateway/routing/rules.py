@@ -42,6 +42,7 @@ from qim.schemas.frames import (
     SendMessage,
 )
 from qim.schemas.frames.control import Typing
+from qim.schemas.frames.rtc import RtcSignal
 from qim.schemas.records.outbox import GROUP
 from qim.schemas.records.requests import (
     AmendRequest,
@@ -52,6 +53,7 @@ from qim.schemas.records.requests import (
     PullMembersRequest,
     PullReactionsRequest,
     ReactRequest,
+    RtcSignalRequest,
     SendRequest,
     TypingRequest,
     conversation_partition,
@@ -71,9 +73,10 @@ ROUTED_FRAMES: Final = (
     React,
     PullReactions,
     Typing,
+    RtcSignal,
 )
-"""The request frames the ConversationWriter decides (A.3 #4, #5, #8, #9, #10, #18-#22); TYPING
-has no reply unless refused (13.2), the writer relays it to the other members."""
+"""The request frames the ConversationWriter decides (A.3 #4, #5, #8, #9, #10, #16, #18-#22);
+TYPING and RTC_SIGNAL have no reply unless refused (13.2, 13.5), the writer relays them."""
 
 _KINDS: Final[dict[type[Body], str]] = {
     SendMessage: "send",
@@ -86,6 +89,7 @@ _KINDS: Final[dict[type[Body], str]] = {
     React: "react",
     PullReactions: "pull_reactions",
     Typing: "typing",
+    RtcSignal: "rtc_signal",
 }
 
 
@@ -137,7 +141,15 @@ def route_frame(
         return None
     if isinstance(
         body,
-        SendMessage | PullHistory | PullMembers | Recall | Edit | React | PullReactions | Typing,
+        SendMessage
+        | PullHistory
+        | PullMembers
+        | Recall
+        | Edit
+        | React
+        | PullReactions
+        | Typing
+        | RtcSignal,
     ):
         conversation = body.conversation_id
     else:
@@ -162,7 +174,8 @@ def _envelope(
     | LeaveGroup
     | React
     | PullReactions
-    | Typing,
+    | Typing
+    | RtcSignal,
     grant: AuthGrant,
     shard: int,
     rid: int,
@@ -197,6 +210,16 @@ def _envelope(
             conversation_id=body.conversation_id,
             target_conversation_seq=body.target_conversation_seq,
             new_payload=body.new_payload if isinstance(body, Edit) else b"",
+        )
+    if isinstance(body, RtcSignal):
+        return RtcSignalRequest(
+            tenant_id=tenant,
+            user_id=user,
+            device_id=device,
+            session_epoch=epoch,
+            connection_shard=shard,
+            request_id=rid,
+            message=body,
         )
     if isinstance(body, Typing):
         return TypingRequest(

@@ -35,6 +35,7 @@ from qim.schemas.frames.members import (
 )
 from qim.schemas.frames.messaging import SendAck, SendMessage
 from qim.schemas.frames.reactions import ReactionList, ReactionUpdate
+from qim.schemas.frames.rtc import RtcSignal
 from qim.schemas.hashing import blake3_digest, hash_input, validate_identifier
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
     "PullMembersRequest",
     "PullReactionsRequest",
     "ReactRequest",
+    "RtcSignalRequest",
     "SendRequest",
     "TypingRequest",
     "WriterReply",
@@ -240,6 +242,18 @@ class TypingRequest(_FromSession, tag="typing", kw_only=True, frozen=True):
         return conversation_key(self.tenant_id, self.conversation_id)
 
 
+class RtcSignalRequest(_FromSession, tag="rtc_signal", kw_only=True, frozen=True):
+    """RTC_SIGNAL (A.3 #16, spec 13.5): the writer checks that sender and target are members
+    of the conversation and relays it to the target's ConnectionShard; no reply unless
+    refused. Nothing is appended to the outbox."""
+
+    message: RtcSignal
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.message.conversation_id)
+
+
 class AdminReplyTo(_Record, tag="admin_reply_to", kw_only=True, frozen=True):
     """Where an admin request's answer goes: ``qim.admin-replies``, key ``node_id``."""
 
@@ -278,6 +292,7 @@ ConversationRequest: TypeAlias = (
     | ReactRequest
     | PullReactionsRequest
     | TypingRequest
+    | RtcSignalRequest
 )
 """Every kind of the conversation-requests topic. Add a kind: a ``_Record`` subclass with its own
 ``tag`` here; old consumers reject an unknown tag, so deploy consumers before producers."""

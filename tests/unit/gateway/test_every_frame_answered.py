@@ -26,7 +26,7 @@ from qim.schemas.records.reactions import ReactionPush, encode_reaction_push
 from tests.gateway_support import wait_until
 from tests.unit.gateway.test_router import COUNT, harness
 
-SERVED = {"TYPING", "PRESENCE_SUB"}
+SERVED = {"TYPING", "PRESENCE_SUB", "RTC_SIGNAL"}
 """Served since issue 16's real-time part: never answered as "not offered"."""
 
 CLIENT_FRAMES = sorted(
