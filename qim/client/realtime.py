@@ -90,8 +90,9 @@ class RealtimeCalls:
         """PRESENCE_SUB (A.3 #11): ``action`` subscribe | unsubscribe | replace, by
         ``user_ids`` OR a group ``conversation_id`` (its members), never both. Returns the
         full snapshot (empty for unsubscribe). Over ``presence_sub_max_targets`` the server
-        answers RATE_LIMITED without ``retry_after_ms``: nothing was subscribed and retrying
-        will not help (:class:`~qim.client.QimError`)."""
+        answers RATE_LIMITED with ``retry_after_ms`` = ``RETRY_AFTER_NEVER_MS``: nothing was
+        subscribed and retrying will not help (:class:`~qim.client.QimError`;
+        :func:`~qim.client.retry_delay_ms` says None)."""
         body = PresenceSub(action=action, targets=tuple(user_ids), conversation_id=conversation_id)
         snapshot = await self._call_presence(body, timeout)
         if action == "unsubscribe":

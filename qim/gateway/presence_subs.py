@@ -10,10 +10,10 @@ connections that watch that user. Rules:
   members the ConversationWriter lists (a PULL_MEMBERS of one page of
   ``presence_sub_max_targets``, only for a member; a non-member gets its PERMISSION_DENIED).
   Both at once, or an unknown action: ``ERROR{PERMISSION_DENIED}`` naming why (AT-53);
-* over ``presence_sub_max_targets``: ``ERROR{RATE_LIMITED}`` with **no** ``retry_after_ms``
-  and nothing changed (never a partial subscription): waiting cannot make the set fit, so
-  the error carries no retry hint and its detail says to unsubscribe or replace instead
-  (a deviation from 20.4.1 rule 2, topology.md);
+* over ``presence_sub_max_targets``: ``ERROR{RATE_LIMITED, retry_after_ms=RETRY_AFTER_NEVER_MS}``
+  and nothing changed (never a partial subscription): waiting cannot make the set fit, so the
+  hint is the "do not retry" marker (20.4.1 rule 2 keeps a hint on every RATE_LIMITED), as the
+  codec answers 201 targets in one frame, and the detail says to unsubscribe or replace;
 * ``subscribe`` / ``replace`` are answered by ``PRESENCE_SUB{entries}`` with the request's
   request_id, a full snapshot of every target; ``unsubscribe`` by an empty one;
   increments go out with request_id 0, merged per connection over
@@ -34,6 +34,7 @@ from qim.gateway.actions import Send
 from qim.gateway.presence_directory import PresenceDirectory
 from qim.schemas.frames import Error, ErrorCode, Frame
 from qim.schemas.frames.control import PresenceEntry, PresenceSub, PresenceSubDown
+from qim.schemas.frames.errors import RETRY_AFTER_NEVER_MS
 from qim.schemas.frames.members import MemberListBatch
 
 if TYPE_CHECKING:
@@ -47,9 +48,10 @@ UserKey = tuple[str, str]
 
 
 def over_limit(request_id: int, limit: int) -> Error:
-    """RATE_LIMITED with no retry hint: the same request will never fit (13.2)."""
+    """RATE_LIMITED with the "do not retry" hint: the same request will never fit (13.2)."""
     return Error(
         code=int(ErrorCode.RATE_LIMITED),
+        retry_after_ms=RETRY_AFTER_NEVER_MS,
         request_id=request_id,
         detail=(
             f"more than presence_sub_max_targets {limit} targets: nothing subscribed; "

@@ -4,9 +4,10 @@ The watcher is owned by one gateway, the users it watches by the other; each gat
 whole compacted presence topic (written only by the owners of the watched users' shards) and
 answers from it. Checked on the real stack: a subscribe is answered with a full snapshot, a
 login and a logout of a watched user arrive as increments (request_id 0); 201 targets, or a
-subscribe that would take the set past 200, are refused RATE_LIMITED without a retry hint and
-subscribe nothing; a group's members can be watched by conversation_id, a mixed request and a
-stranger's conversation are refused; a new connection starts with no subscription.
+subscribe that would take the set past 200, are refused RATE_LIMITED with the "do not retry"
+hint and subscribe nothing; a group's members can be watched by conversation_id, a mixed
+request and a stranger's conversation are refused; a new connection starts with no
+subscription.
 """
 
 from __future__ import annotations
@@ -17,10 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from qim.client import QimClient, QimError
+from qim.client import QimClient, QimError, retry_delay_ms
 from qim.devstack.stack import Stack
 from qim.schemas.frames import ErrorCode, Frame
 from qim.schemas.frames.control import PresenceSubDown
+from qim.schemas.frames.errors import RETRY_AFTER_NEVER_MS
 from tests.integration.realtime_support import collect_until, nodes, pipeline, user_on
 
 pytestmark = pytest.mark.integration
@@ -73,18 +75,20 @@ async def test_presence_snapshot_then_increments_across_gateways_and_its_limits(
             await x_phone.close()
             await collect_until(watcher, shows(x, "offline"), "x offline")
 
-            # 201 targets in one frame: RATE_LIMITED, no retry hint, nothing subscribed.
+            # 201 targets in one frame: RATE_LIMITED, "do not retry", nothing subscribed.
             many = tuple(f"u{i}" for i in range(201))
             with pytest.raises(QimError) as refused:
                 await watcher.subscribe_presence(many)
             assert refused.value.code == int(ErrorCode.RATE_LIMITED)
-            assert refused.value.retry_after_ms is None
+            assert refused.value.retry_after_ms == RETRY_AFTER_NEVER_MS
+            assert retry_delay_ms(refused.value) is None
             # 2 + 198 = 200 fits; one more (``late``) would make 201 and is refused whole.
             await watcher.subscribe_presence(tuple(f"v{i}" for i in range(198)))
             with pytest.raises(QimError) as past:
                 await watcher.subscribe_presence((late, "v-extra"))
             assert past.value.code == int(ErrorCode.RATE_LIMITED)
-            assert past.value.retry_after_ms is None
+            assert past.value.retry_after_ms == RETRY_AFTER_NEVER_MS
+            assert retry_delay_ms(past.value) is None
             late_pc = await b.online(tenant, late, "pc")  # not watched: no increment for it
             clients.append(late_pc)
             x_again = await b.online(tenant, x, "laptop")  # the barrier behind it
