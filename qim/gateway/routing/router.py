@@ -255,7 +255,8 @@ class ConversationRouter:
         if self.mailbox is not None and isinstance(frame.body, ConversationState):
             self.mailbox.conversation_state(conn, frame)
             return
-        if isinstance(frame.body, SendMessage) and not self._admit_send(conn, frame):
+        limited = SendMessage | RtcSignal  # 13.5.2: RTC_SIGNAL shares per_user_msg_rate
+        if isinstance(frame.body, limited) and not self._admit_send(conn, frame):
             return
         if isinstance(frame.body, PullHistory) and not self._admit_history(conn, frame):
             return
@@ -290,8 +291,9 @@ class ConversationRouter:
             self._failed(conn, key, routed, "queue_full")
 
     def _admit_send(self, conn: Connection, frame: Frame) -> bool:
-        """Take the user's ``per_user_msg_rate`` token, or answer RATE_LIMITED with the time a
-        retry can succeed (``send_rate``; not jittered here, the client adds its own)."""
+        """Take the user's ``per_user_msg_rate`` token (a send or an RTC_SIGNAL, 13.5.2), or
+        answer RATE_LIMITED with the time a retry can succeed (``send_rate``; not jittered
+        here, the client adds its own)."""
         grant = conn.session.grant
         if self.send_rate is None or grant is None:
             return True
@@ -301,7 +303,8 @@ class ConversationRouter:
         self.metrics.rate_limited.labels(
             tenant=grant.tenant_id, dimension="per_user_msg_rate"
         ).inc()
-        self.metrics.send_reject.labels(code=ErrorCode.RATE_LIMITED.name).inc()
+        if isinstance(frame.body, SendMessage):
+            self.metrics.send_reject.labels(code=ErrorCode.RATE_LIMITED.name).inc()
         rid = frame.header.request_id
         error = Error(
             code=int(ErrorCode.RATE_LIMITED),
