@@ -43,6 +43,7 @@ from qim.client.framing import FramedConnection
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import identity_from_token
 from qim.client.reactions import ReactionState
+from qim.client.realtime import RealtimeCalls, TypingIndicators
 from qim.client.refresh import TokenRefresher
 from qim.client.rooms import RoomCalls, RoomTracker
 from qim.client.sessions import SessionList
@@ -70,6 +71,7 @@ from qim.schemas.frames import (
     UnknownFrame,
     spec_for_model,
 )
+from qim.schemas.frames.control import PresenceEntry, PresenceSub, PresenceSubDown
 
 __all__ = ["DEFAULT_CLIENT_VERSION", "QimClient"]
 
@@ -84,7 +86,7 @@ def _wall_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-class QimClient(FrameCalls, UserStateCalls, RoomCalls):
+class QimClient(FrameCalls, UserStateCalls, RoomCalls, RealtimeCalls):
     """An async client of one ConnectionNode connection.
 
     ``dial`` opens a transport for a URL (default: :func:`~qim.client.dial.open_transport`,
@@ -139,6 +141,9 @@ class QimClient(FrameCalls, UserStateCalls, RoomCalls):
         self.heartbeat = HeartbeatState()
         self.kicked: Kicked | None = None
         self.last_error: QimError | None = None  # last connection-level ERROR (request_id 0)
+        self.typing_indicators = TypingIndicators()
+        self.presence: dict[str, PresenceEntry] = {}
+        self._notified: dict[int, None] = {}  # request_ids of notify(): their ERROR is an event
         self.last_applied_mailbox_seq = 0  # the application's cursor, reported in PING
         self._bound: tuple[str, str, int] = ("", DEFAULT_CLIENT_VERSION, 0)  # for reauth
         self.sessions = SessionList()
@@ -384,6 +389,22 @@ class QimClient(FrameCalls, UserStateCalls, RoomCalls):
         self._require_open()
         await self._send(body, 0, stream_id)
 
+    async def notify(self, body: Body) -> int:
+        """Send a request that has no reply on success (TYPING, RTC_SIGNAL) with a fresh
+        request_id, and return it: an answer carrying it (a refusal, also in ``last_error``;
+        RTC's ``cancel{reason=offline}``) arrives as an event, not as a late reply."""
+        placeholder: asyncio.Future[Frame] = asyncio.get_running_loop().create_future()
+        request_id = self._requests.open(body, placeholder)  # a fresh id, never in flight
+        self._requests.discard(request_id, placeholder)
+        self._notified[request_id] = None
+        while len(self._notified) > 1024:
+            del self._notified[next(iter(self._notified))]
+        await self._send(stamp_request_id(body, request_id), request_id, None)
+        return request_id
+
+    async def _call_presence(self, body: PresenceSub, timeout: float | None) -> PresenceSubDown:
+        return await self._call(body, PresenceSubDown, timeout)
+
     async def _call(self, body: Body, reply: type[R], timeout: float | None) -> R:  # FrameCalls
         frame = await self.request(body, timeout=timeout)
         if not isinstance(frame.body, reply):  # request() checked it already; for the types
@@ -493,7 +514,8 @@ class QimClient(FrameCalls, UserStateCalls, RoomCalls):
             else:
                 future.set_result(frame)
             return
-        if frame.header.request_id != 0:
+        notified = frame.header.request_id in self._notified  # a refusal, or RTC "offline"
+        if frame.header.request_id != 0 and not notified:
             self.late_replies += 1
             return
         if isinstance(body, Kicked):
@@ -504,6 +526,7 @@ class QimClient(FrameCalls, UserStateCalls, RoomCalls):
             self.reactions.apply(body)  # newer versions only (13.6.2)
         else:  # SESSION_DELTA, BADGE_UPDATE, READ_SYNC keep the local list (12.6.2)
             self.sessions.on_frame(body, self.last_applied_mailbox_seq)
+            self._realtime_frame(body, self._clock_ms())
         self._events.put_nowait(frame)
 
     async def _ping_loop(self) -> None:

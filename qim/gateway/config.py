@@ -16,7 +16,13 @@ from qim.core.push import FlowLimits
 from qim.gateway.session import SessionConfig
 from qim.params import Settings
 from qim.schemas.frames import HEADER_SIZE, Limits
-from qim.streams.topics import PREKEY_REQUESTS, REVOCATIONS, ROOM_REQUESTS, USER_REQUESTS
+from qim.streams.topics import (
+    PREKEY_REQUESTS,
+    REVOCATIONS,
+    ROOM_REQUESTS,
+    TO_GATEWAY,
+    USER_REQUESTS,
+)
 
 __all__ = ["GatewayConfig", "is_loopback"]
 
@@ -58,6 +64,7 @@ class GatewayConfig:
     # connection layer has no MailboxNode to ask); ``qim gateway`` turns it on with routing.
     mailbox_sync: bool = False
     user_requests_topic: str = USER_REQUESTS.name
+    to_gateway_topic: str = TO_GATEWAY.name  # RTC: the server's own CANCEL to a caller (13.5.3)
     mailbox_sync_timeout_ms: int = 5_000  # no MailboxReply by then: ERROR{SHARD_MOVED} + close
     # a PULL_MAILBOX / PULL_SESSION_LIST with no MailboxReply by then: ERROR{SHARD_MOVED}
     mailbox_request_timeout_ms: int = 10_000

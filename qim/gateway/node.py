@@ -30,6 +30,8 @@ from qim.gateway.devices import DeviceRegistry
 from qim.gateway.logins import LoginFlow, jittered
 from qim.gateway.metrics import GatewayMetrics
 from qim.gateway.ports import Authenticator, OwnAll, Ownership, PresenceSink
+from qim.gateway.presence_directory import PresenceDirectory
+from qim.gateway.presence_subs import PresenceSubscriptions
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
 from qim.gateway.push.delta_merge import SessionFrameMerge
 from qim.gateway.push.metrics import SendQueue
@@ -37,6 +39,7 @@ from qim.gateway.revocations import RevocationFollower
 from qim.gateway.routing.forwarder import RequestProducer
 from qim.gateway.routing.router import ConversationRouter, ReplySource, build_router
 from qim.gateway.routing.rules import not_offered
+from qim.gateway.rtc import RtcSignalling
 from qim.gateway.session import Session
 from qim.gateway.states import ConnState
 from qim.gateway.transport.budget import NodeSendBudget, available_memory_bytes
@@ -131,6 +134,9 @@ class ConnectionNode:
             self.metrics, clock_ms,
         )  # fmt: skip
         self.router: ConversationRouter | None = None
+        self.directory: PresenceDirectory | None = None  # the presence topic, all partitions
+        self.presence_subs: PresenceSubscriptions | None = None
+        self.rtc: RtcSignalling | None = None
         if config.route_requests:
             self.router = build_router(
                 config, self.registry, self.logins.shard_of, self.metrics.registry,
@@ -139,6 +145,26 @@ class ConnectionNode:
             self.logins.mailbox = self.router.mailbox  # login sync (``mailbox_sync``)
             self.router.connections = self.connections  # PushBatch expansion
             self.router.push_metrics = self.metrics.push
+            assert config.kafka_bootstrap is not None  # route_requests needs it
+            self.directory = PresenceDirectory(
+                config.kafka_bootstrap, config.presence_topic, clock_ms=clock_ms,
+                partitions=int(config.settings.mailbox_shard_count),
+                client_id=f"{config.node_id}-presence",
+            )  # fmt: skip
+            self.presence_subs = PresenceSubscriptions(
+                self.directory,
+                max_targets=int(config.settings.presence_sub_max_targets),
+                merge_window_ms=int(config.settings.presence_sub_merge_window),
+                clock_ms=clock_ms,
+            )
+            self.presence_subs.members_of = self.router.presence_members
+            self.router.presence = self.presence_subs
+            self.rtc = RtcSignalling(
+                self.registry, self.directory, self.router.forwarder,
+                topic=config.to_gateway_topic, shard_of=self.logins.shard_of,
+                ring_timeout_ms=int(config.settings.rtc_ring_timeout), clock_ms=clock_ms,
+            )  # fmt: skip
+            self.router.rtc = self.rtc
         if frame_handler is None and self.router is not None:
             frame_handler = self.router.handle
         self.frame_handler = frame_handler
@@ -167,6 +193,10 @@ class ConnectionNode:
             await self._writer.start()
         if self._revocations is not None:
             await self._revocations.start()
+        if self.directory is not None:
+            await self.directory.start()
+        if self.rtc is not None:
+            await self.rtc.start()
         if self.router is not None:
             source = self.ownership if isinstance(self.ownership, ReplySource) else None
             await self.router.start(source)
@@ -194,6 +224,10 @@ class ConnectionNode:
             await self.router.stop()
         if self._revocations is not None:
             await self._revocations.stop()
+        if self.directory is not None:
+            await self.directory.stop()
+        if self.rtc is not None:
+            await self.rtc.stop()
         if self._writer is not None:
             await self._writer.stop()
         await self.listeners.stop_metrics()
@@ -331,6 +365,8 @@ class ConnectionNode:
         self._wheel.cancel(conn)
         if self.router is not None and self.router.rooms is not None:
             self.router.rooms.closed(conn)  # a closed connection leaves every room (14.5)
+        if self.presence_subs is not None:
+            self.presence_subs.closed(conn)  # soft state per connection (13.2)
         grant = conn.session.grant
         if grant is None:
             return

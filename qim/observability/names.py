@@ -348,6 +348,15 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
         note='frame="PUSH_EVENTS" | "SESSION_DELTA" | "BADGE_UPDATE" | "READ_SYNC": queued '
         "frames purged at the degradation, and notices not queued while degraded",
     ),
+    # 13.2 transient delivery; the spec names no metric
+    _m(
+        "TYPING decisions (13.2)",
+        "13.2",
+        "conversation",
+        ("qim_writer_typing_total",),
+        note='verdict="forward" | "merged" (merge window) | "too_large" (over '
+        'large_group_member_threshold) | "alone" | "not_a_member"',
+    ),
     # 26.8 (a broker restart): a producer the restart left unusable is replaced by itself
     # (qim/streams/producer.py); the spec names no metric. reason = the error that showed it
     _m(

@@ -97,10 +97,12 @@ TO_GATEWAY = TopicSpec(
     name="qim.to-gateway",
     partitions_param="connection_shard_count",
     partitioned_by="explicit partition = connection_shard_id",
-    key="(tenant, user_id) for replies, (tenant, conversation_id) for PushBatch",
+    key="(tenant, user_id) for replies and RTC relays, (tenant, conversation_id) for "
+    "PushBatch and TYPING relays",
     cleanup="delete",
     retention_ms=HOUR_MS,
-    producer="ConversationWriter, MailboxNode, key worker (prekey replies, low-water notices)",
+    producer="ConversationWriter, MailboxNode, key worker (prekey replies, low-water notices), "
+    "ConnectionNode (RTC ring timeout cancels)",
     consumer="ConnectionNode owning the ConnectionShard",
 )
 

@@ -33,7 +33,9 @@ from qim.schemas.records import (
     PullMembersRequest,
     PullReactionsRequest,
     ReactRequest,
+    RtcSignalRequest,
     SendRequest,
+    TypingRequest,
     WriterReply,
     conversation_partition,
     decode_outbox_record,
@@ -218,11 +220,13 @@ class Client:
 
 
 def _conversation(request: ConversationRequest) -> tuple[str, str]:
-    if isinstance(request, SendRequest | PullHistoryRequest | PullMembersRequest):
+    if isinstance(
+        request, SendRequest | PullHistoryRequest | PullMembersRequest | RtcSignalRequest
+    ):
         return request.tenant_id, request.message.conversation_id
     if isinstance(request, CreateGroupRequest | LeaveGroupRequest):
         return request.tenant_id, request.message.group_id
-    if isinstance(request, AmendRequest | ReactRequest | PullReactionsRequest):
+    if isinstance(request, AmendRequest | ReactRequest | PullReactionsRequest | TypingRequest):
         return request.tenant_id, request.conversation_id
     return request.tenant_id, request.group_id
 

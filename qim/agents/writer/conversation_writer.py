@@ -56,11 +56,12 @@ from qim.agents.writer.lease import HeartbeatLease
 from qim.agents.writer.metrics import WriterMetrics
 from qim.agents.writer.options import WriterOptions, describe_topics
 from qim.agents.writer.partition import PartitionWriter
-from qim.agents.writer.requests import RequestContext
+from qim.agents.writer.requests import RequestContext, connection_shards
 from qim.agents.writer.restore import restore_partition
 from qim.agents.writer.txn import OwnedPartition, SelfFencedError, Topics
 from qim.agents.writer.user_quota import UserQuotaFollower
 from qim.core.conversation import WriterFencedError
+from qim.core.transient import TypingGate
 from qim.schemas.routing import connection_shard_id, user_bucket
 from qim.streams.fetching import hot_fetch
 from qim.streams.producer import RecoveringProducer, replaced_counter
@@ -165,6 +166,12 @@ class ConversationWriterService(Service):
             member_limits=opts.member_limits,
             exhausted=self.quota.exhausted,
             on_quota_refused=self.metrics.on_quota_refused,
+            typing=opts.typing_rules,
+            typing_gate=TypingGate(opts.typing_rules.merge_window_ms),
+            connection_shard_of=connection_shards(
+                opts.virtual_bucket_count, self._topics.to_gateway_partitions
+            ),
+            on_typing=self.metrics.on_typing,
         )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=opts.bootstrap,

@@ -86,8 +86,16 @@ class WriterMetrics:
             "qim_writer_quota_refused_total", "requests refused at a limit (20.4.1 rule 3)",
             labelnames=("tenant", "dimension"), registry=r,
         )  # fmt: skip
+        self.typing = Counter(
+            "qim_writer_typing_total", "TYPING decisions (13.2) by verdict",
+            labelnames=("verdict",), registry=r,
+        )  # fmt: skip
         if status is not None:
             r.register(_Status(status))
+
+    def on_typing(self, verdict: str) -> None:
+        """One TYPING decided: forward / merged / too_large / alone / not_a_member."""
+        self.typing.labels(verdict).inc()
 
     def on_quota_refused(self, tenant_id: str) -> None:
         """One request refused ``conversation_quota_exhausted``."""

@@ -30,6 +30,7 @@ from aiokafka.admin import AIOKafkaAdminClient
 from qim.agents.writer.txn import CrashHook, Topics
 from qim.core.conversation import WriterConfig
 from qim.core.membership import MemberPageLimits
+from qim.core.transient import TypingRules
 from qim.params import Settings
 from qim.schemas.message_types import CustomTypeContract, decode_custom_types
 from qim.streams.topics import (
@@ -153,6 +154,20 @@ class WriterOptions:
     @property
     def mailbox_shard_count(self) -> int:
         return self.settings.mailbox_shard_count
+
+    @property
+    def virtual_bucket_count(self) -> int:
+        return int(self.settings.virtual_bucket_count)
+
+    @property
+    def typing_rules(self) -> TypingRules:
+        """13.2's B.6.1 rows (global: the writer has no per-tenant view of them yet)."""
+        s = self.settings
+        return TypingRules(
+            merge_window_ms=int(s.typing_merge_window),
+            ttl_ms=int(s.typing_ttl),
+            large_group_member_threshold=int(s.large_group_member_threshold),
+        )
 
     def transactional_id(self, partition: int) -> str:
         return f"{self.transactional_id_prefix}-{partition}"

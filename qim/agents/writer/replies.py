@@ -31,7 +31,9 @@ from qim.schemas.records import (
     PullMembersRequest,
     PullReactionsRequest,
     ReactRequest,
+    RtcSignalRequest,
     SendRequest,
+    TypingRequest,
     WriterReply,
 )
 from qim.schemas.records.requests import reply_for
@@ -56,6 +58,8 @@ SessionRequest: TypeAlias = (
     | LeaveGroupRequest
     | ReactRequest
     | PullReactionsRequest
+    | TypingRequest
+    | RtcSignalRequest
 )
 """The requests a client sent through a gateway session, answered on ``qim.to-gateway``."""
 

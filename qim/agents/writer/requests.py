@@ -20,7 +20,7 @@ Nothing here performs I/O except MessageStore reads; appends go into the plan.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
 
 import msgspec
@@ -29,6 +29,7 @@ from qim.agents.writer.membership import admin, create, leave
 from qim.agents.writer.partition import PartitionWriter, Plan
 from qim.agents.writer.replies import refuse, reply_to
 from qim.core.conversation import Accepted, Amended, Reacted, WriterConfig, conversation_kind
+from qim.core.conversation.ids import is_direct_participant
 from qim.core.conversation.quota import QUOTA_EXHAUSTED, UserKey, joining_users, quota_refused
 from qim.core.history import (
     FULL_INTERVAL,
@@ -43,10 +44,19 @@ from qim.core.history import (
 from qim.core.membership import MemberPageLimits, MembershipRejected, create_reply, pull_members
 from qim.core.reactions.decide import ReactTarget, target_refusal
 from qim.core.reactions.store import joined_reactions, reaction_page
+from qim.core.transient import (
+    TypingGate,
+    TypingRules,
+    TypingVerdict,
+    by_connection_shard,
+    decide_typing,
+)
+from qim.schemas import connection_shard_id, user_bucket
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.frames.exceptions import ProtocolError
 from qim.schemas.frames.history import HistoryBatch
 from qim.schemas.frames.reactions import ReactionList
+from qim.schemas.frames.rtc import RtcSignalDown
 from qim.schemas.ids import ClockUnsafeError
 from qim.schemas.records import (
     DIRECT,
@@ -60,12 +70,25 @@ from qim.schemas.records import (
     PullMembersRequest,
     PullReactionsRequest,
     ReactRequest,
+    RtcSignalRequest,
     SendRequest,
+    TypingRequest,
     conversation_partition,
 )
+from qim.schemas.records.transient import RtcRelay, TypingRelay
 from qim.tables.message_store import MessageStore
 
-__all__ = ["RequestContext", "conversation_of_request", "handle_request"]
+__all__ = ["RequestContext", "connection_shards", "conversation_of_request", "handle_request"]
+
+
+def connection_shards(virtual_bucket_count: int, shard_count: int) -> Callable[[str, str], int]:
+    """(tenant, user) -> the user's ConnectionShard (5.2), the gateways' ``shard_of``."""
+
+    def shard_of(tenant_id: str, user_id: str) -> int:
+        bucket = user_bucket(tenant_id, user_id, virtual_bucket_count)
+        return connection_shard_id(bucket, shard_count)
+
+    return shard_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +107,13 @@ class RequestContext:
     """The users at ``max_conversations_per_user`` (``UserQuotaFollower``: a live set)."""
     on_quota_refused: Callable[[str], None] = lambda _tenant_id: None
     """Called with the tenant of each request refused at the cap (20.4.1 rule 3's counter)."""
+    typing: TypingRules = field(default_factory=TypingRules)
+    typing_gate: TypingGate = field(default_factory=lambda: TypingGate(2000))
+    """The merge window's memory (13.2): transient, never in a checkpoint."""
+    connection_shard_of: Callable[[str, str], int] = lambda _tenant, _user: 0
+    """(tenant, user) -> ConnectionShard, where a TYPING for that user goes."""
+    on_typing: Callable[[str], None] = lambda _verdict: None
+    """Called with each TYPING's verdict (``TypingVerdict.value``), for the metrics."""
 
 
 def conversation_of_request(request: ConversationRequest) -> tuple[str, str]:
@@ -91,9 +121,9 @@ def conversation_of_request(request: ConversationRequest) -> tuple[str, str]:
     match request:
         case SendRequest():
             return request.tenant_id, request.message.conversation_id
-        case PullHistoryRequest() | PullMembersRequest():
+        case PullHistoryRequest() | PullMembersRequest() | RtcSignalRequest():
             return request.tenant_id, request.message.conversation_id
-        case AmendRequest() | ReactRequest() | PullReactionsRequest():
+        case AmendRequest() | ReactRequest() | PullReactionsRequest() | TypingRequest():
             return request.tenant_id, request.conversation_id
         case CreateGroupRequest() | LeaveGroupRequest():
             return request.tenant_id, request.message.group_id
@@ -200,6 +230,97 @@ def _dispatch(
             plan.replies.append(reply_to(request, members=leave(pw, request, now_ms, plan)))
         case AdminGroupRequest():
             admin(pw, request, max_members=ctx.max_members, now_ms=now_ms, plan=plan)
+        case TypingRequest():
+            _typing(pw, ctx, request, now_ms, plan)
+        case RtcSignalRequest():
+            _rtc_signal(pw, ctx, request, plan)
+
+
+def _rtc_signal(
+    pw: PartitionWriter, ctx: RequestContext, request: RtcSignalRequest, plan: Plan
+) -> None:
+    """RTC_SIGNAL (13.5.1): sender and target must both be members of the conversation (a
+    one-to-one conversation: its id is theirs, recomputed, so no message is needed first);
+    then one relay to the target's ConnectionShard. Appends nothing."""
+    tenant_id, signal = request.tenant_id, request.message
+    sender, target = request.user_id, signal.target_user_id
+    conversation_id = signal.conversation_id
+    if conversation_kind(conversation_id) == GROUP:
+        m = pw.membership
+        allowed = m.is_member(tenant_id, conversation_id, sender) and m.is_member(
+            tenant_id, conversation_id, target
+        )
+    else:
+        allowed = sender != target and is_direct_participant(
+            tenant_id, conversation_id, sender, target
+        )
+    if not allowed:
+        raise MembershipRejected("not_a_member")
+    plan.transient.append(
+        RtcRelay(
+            tenant_id=tenant_id,
+            target_user_id=target,
+            connection_shard=ctx.connection_shard_of(tenant_id, target),
+            signal=RtcSignalDown(
+                conversation_id=conversation_id,
+                from_user_id=sender,
+                from_device_id=request.device_id,
+                call_id=signal.call_id,
+                signal_type=signal.signal_type,
+                reason=signal.reason,
+                signal_payload=signal.signal_payload,
+            ),
+        )
+    )
+
+
+def _typing(
+    pw: PartitionWriter, ctx: RequestContext, request: TypingRequest, now_ms: int, plan: Plan
+) -> None:
+    """TYPING (13.2): the core decides on the current members; one relay per shard of theirs.
+    Appends nothing: only ``plan.transient`` (to-gateway) and, for a non-member, a refusal."""
+    tenant_id, conversation_id = request.tenant_id, request.conversation_id
+    user_id = request.user_id
+    members: Callable[[], Iterable[str]] | None = None
+    count = 0
+    if conversation_kind(conversation_id) == GROUP:
+        group = pw.membership.group(tenant_id, conversation_id)
+        if group is not None and group.is_member(user_id):
+            rows = group.rows
+            members = lambda: (r.user_id for r in rows.values() if r.active)  # noqa: E731
+            count = group.member_count
+    else:
+        participants = pw.store.participants(tenant_id, conversation_id) or ()
+        if user_id in participants:
+            members = lambda: participants  # noqa: E731
+            count = len(participants)
+    decision = decide_typing(
+        (tenant_id, conversation_id, user_id),
+        members=members,
+        member_count=count,
+        gate=ctx.typing_gate,
+        rules=ctx.typing,
+        now_ms=now_ms,
+    )
+    ctx.on_typing(decision.verdict.value)
+    if decision.verdict is TypingVerdict.NOT_A_MEMBER:
+        raise MembershipRejected("not_a_member")
+    if decision.verdict is not TypingVerdict.FORWARD:
+        return
+    shards = by_connection_shard(
+        decision.recipients, lambda user: ctx.connection_shard_of(tenant_id, user)
+    )
+    for shard, users in shards.items():
+        plan.transient.append(
+            TypingRelay(
+                tenant_id=tenant_id,
+                conversation_id=conversation_id,
+                user_id=user_id,
+                expires_in_ms=decision.expires_in_ms,
+                connection_shard=shard,
+                recipients=users,
+            )
+        )
 
 
 def _amend(pw: PartitionWriter, request: AmendRequest, now_ms: int, plan: Plan) -> None:

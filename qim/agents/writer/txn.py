@@ -65,6 +65,7 @@ from qim.schemas.records import (
     encode_record,
 )
 from qim.schemas.records.reactions import encode_reaction_push
+from qim.schemas.records.transient import encode_transient
 
 __all__ = [
     "CRASH_EXIT_CODE",
@@ -395,6 +396,12 @@ class OwnedPartition:
         for admin in plan.admin_replies:
             value = encode_record(admin)
             futures.append(await produce(topics.admin_replies, value, admin.key, 0))
+        for relay in plan.transient:  # 13.2: after the replies, never inside a cut batch's state
+            if not 0 <= relay.partition < topics.to_gateway_partitions:
+                log.error("transient relay for connection_shard %d dropped", relay.partition)
+                continue
+            value = encode_transient(relay)
+            futures.append(await produce(topics.to_gateway, value, relay.key, relay.partition))
         return futures
 
     async def _produce(

@@ -40,6 +40,9 @@ to-gateway topic go to it instead of being counted as an unknown kind.
 ``kind="reaction_push"`` records (the ConversationWriter's merged REACTION_UPDATE of one message,
 ``qim.schemas.records.reactions``) go to every live session of their recipients on this node.
 
+``kind="typing_relay"`` records (13.2, the writer's verdict on a TYPING) are written to every
+live connection of their recipients (:mod:`~qim.gateway.push.transient`).
+
 ``kind="push_batch"`` records (the MailboxNode's PushBatch, spec 11.1) are expanded against
 this node's live connections (:func:`~qim.core.push.expand_batch`, keyed by ``conn_id``, the
 ``connection_id`` the presence entry carries); each delivery goes to that connection's
@@ -53,6 +56,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -68,6 +72,7 @@ from qim.gateway.logins import jittered
 from qim.gateway.ports import AuthGrant
 from qim.gateway.push.delivery import deliver_push_batch
 from qim.gateway.push.metrics import PushMetrics
+from qim.gateway.push.transient import deliver_typing
 from qim.gateway.rooms.router import RoomRouter
 from qim.gateway.rooms.router import handles as room_frame
 from qim.gateway.routing.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
@@ -79,10 +84,19 @@ from qim.gateway.routing.rules import Routed, not_offered, request_kind, route_f
 from qim.gateway.routing.send_rate import UserMsgRate
 from qim.observability.logging import trace
 from qim.params.values import Rate
-from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox, SendMessage, for_code
-from qim.schemas.frames.control import ConversationState, MarkRead
+from qim.schemas.frames import (
+    Error,
+    ErrorCode,
+    Frame,
+    PullMailbox,
+    PullMembers,
+    SendMessage,
+    for_code,
+)
+from qim.schemas.frames.control import ConversationState, MarkRead, PresenceSub
 from qim.schemas.frames.history import PullHistory, PullSessionList
 from qim.schemas.frames.reactions import ReactionUpdate
+from qim.schemas.frames.rtc import RtcSignal
 from qim.schemas.records.push import (
     PresenceStale,
     PushBatch,
@@ -91,10 +105,13 @@ from qim.schemas.records.push import (
 )
 from qim.schemas.records.reactions import decode_reaction_push
 from qim.schemas.records.rooms import ROOM_TO_GATEWAY_KINDS
+from qim.schemas.records.transient import decode_rtc_relay, decode_typing_relay
 from qim.streams.producer import replaced_counter
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig
+    from qim.gateway.presence_subs import PresenceSubscriptions
+    from qim.gateway.rtc import RtcSignalling
     from qim.gateway.transport.connection import Connection
 
 __all__ = ["ConversationRouter", "ReplySource", "build_router"]
@@ -198,6 +215,9 @@ class ConversationRouter:
         self.connections: Mapping[str, Connection] = {}  # the node's, by conn_id (pushes)
         self.push_metrics: PushMetrics | None = None  # the node's (24.1.6, body_encode_count)
         self.rooms: RoomRouter | None = None  # chatrooms (spec 14), when the node has them on
+        self.presence: PresenceSubscriptions | None = None  # PRESENCE_SUB (13.2), the node's
+        self.rtc: RtcSignalling | None = None  # RTC_SIGNAL ring timers (13.5), the node's
+        self._presence_asks: dict[_PendingKey, tuple[Connection, Frame]] = {}
         self.metrics = RoutingMetrics(
             metrics_registry,
             clock_ms=clock_ms,
@@ -247,13 +267,20 @@ class ConversationRouter:
         if self.mailbox is not None and isinstance(frame.body, ConversationState):
             self.mailbox.conversation_state(conn, frame)
             return
-        if isinstance(frame.body, SendMessage) and not self._admit_send(conn, frame):
+        limited = SendMessage | RtcSignal  # 13.5.2: RTC_SIGNAL shares per_user_msg_rate
+        if isinstance(frame.body, limited) and not self._admit_send(conn, frame):
             return
         if isinstance(frame.body, PullHistory) and not self._admit_history(conn, frame):
             return
         if self.prekeys is not None and isinstance(frame.body, PREKEY_FRAMES):
             self.prekeys.handle(conn, frame)
             return
+        if self.presence is not None and isinstance(frame.body, PresenceSub):
+            self.presence.handle(conn, frame)
+            return
+        rtc = self.rtc
+        if rtc is not None and isinstance(frame.body, RtcSignal) and rtc.outgoing(conn, frame):
+            return  # refused, or answered "offline" (13.5.2)
         shard = self._shard_of(grant.tenant_id, grant.user_id)
         routed = route_frame(
             frame, grant, connection_shard=shard, partition_count=self.forwarder.partition_count
@@ -276,8 +303,9 @@ class ConversationRouter:
             self._failed(conn, key, routed, "queue_full")
 
     def _admit_send(self, conn: Connection, frame: Frame) -> bool:
-        """Take the user's ``per_user_msg_rate`` token, or answer RATE_LIMITED with the time a
-        retry can succeed (``send_rate``; not jittered here, the client adds its own)."""
+        """Take the user's ``per_user_msg_rate`` token (a send or an RTC_SIGNAL, 13.5.2), or
+        answer RATE_LIMITED with the time a retry can succeed (``send_rate``; not jittered
+        here, the client adds its own)."""
         grant = conn.session.grant
         if self.send_rate is None or grant is None:
             return True
@@ -287,7 +315,8 @@ class ConversationRouter:
         self.metrics.rate_limited.labels(
             tenant=grant.tenant_id, dimension="per_user_msg_rate"
         ).inc()
-        self.metrics.send_reject.labels(code=ErrorCode.RATE_LIMITED.name).inc()
+        if isinstance(frame.body, SendMessage):
+            self.metrics.send_reject.labels(code=ErrorCode.RATE_LIMITED.name).inc()
         rid = frame.header.request_id
         error = Error(
             code=int(ErrorCode.RATE_LIMITED),
@@ -319,6 +348,25 @@ class ConversationRouter:
         )
         conn.apply([Send(error, request_id=rid, version=conn.session.version)])
         return False
+
+    def presence_members(self, conn: Connection, frame: Frame, conversation_id: str) -> None:
+        """PRESENCE_SUB{conversation_id}: ask the writer for the members (one page of
+        presence_sub_max_targets; it refuses a non-member), answered in ``deliver``."""
+        grant = conn.session.grant
+        presence = self.presence
+        if grant is None or presence is None:
+            return
+        ask = dataclasses.replace(
+            frame,
+            body=PullMembers(conversation_id=conversation_id, limit=presence.max_targets),
+        )
+        rid = frame.header.request_id
+        key = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch, rid)
+        asks = self._presence_asks
+        while len(asks) >= 10_000:
+            del asks[next(iter(asks))]
+        asks[key] = (conn, frame)
+        self.handle(conn, ask)
 
     def _produced(
         self, conn: Connection, key: _PendingKey, routed: Routed, exc: BaseException | None
@@ -383,6 +431,20 @@ class ConversationRouter:
             verdict = self.mailbox.session_push(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
             return verdict
+        if value and resolved.kind == "rtc_relay" and self.rtc is not None:
+            try:
+                relay = decode_rtc_relay(value)
+            except (msgspec.DecodeError, ValueError):
+                verdict = ReplyVerdict.MALFORMED
+            else:
+                written = self.rtc.incoming(relay)
+                verdict = ReplyVerdict.DELIVER if written else ReplyVerdict.NO_SESSION
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
+        if value and resolved.kind == "typing_relay":
+            verdict = self.typing(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
         if self.prekeys is not None and value and resolved.kind == "prekey_reply":
             verdict = self.prekeys.deliver(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
@@ -407,6 +469,10 @@ class ConversationRouter:
         entry = self._pending.pop((*key, reply.request_id), None)
         conn = resolved.conn
         if conn is None or resolved.verdict is not ReplyVerdict.DELIVER:
+            return resolved.verdict
+        asked = self._presence_asks.pop((*key, reply.request_id), None)
+        if asked is not None and reply.members is not None and self.presence is not None:
+            self.presence.members(asked[0], asked[1], reply.members)  # its targets, not a frame
             return resolved.verdict
         conn.apply([reply_send(reply, conn.session.version)])
         latency = None if entry is None else self._clock_ms() - entry.started_ms
@@ -455,6 +521,15 @@ class ConversationRouter:
                 conn.apply([Send(frame, version=conn.session.version)])
                 delivered = True
         return ReplyVerdict.DELIVER if delivered else ReplyVerdict.NO_SESSION
+
+    def typing(self, value: bytes) -> ReplyVerdict:
+        """A TYPING relay (13.2) onto the recipients' live connections on this node."""
+        try:
+            relay = decode_typing_relay(value)
+        except (msgspec.DecodeError, ValueError):
+            return ReplyVerdict.MALFORMED
+        written = deliver_typing(relay, self._registry)
+        return ReplyVerdict.DELIVER if written else ReplyVerdict.NO_SESSION
 
     def _report_stale(self, stale: PresenceStale) -> None:
         mailbox = self.mailbox
@@ -525,6 +600,11 @@ def build_router(
             "room_partition_count",
             "RoomWriter",
         )
+    extra[config.to_gateway_topic] = (  # RTC: a callee's node tells the caller (13.5.3)
+        int(settings.connection_shard_count),
+        "connection_shard_count",
+        "ConnectionNode",
+    )
     forwarder = RequestForwarder(
         producer,
         config.requests_topic,

@@ -41,6 +41,8 @@ from qim.schemas.frames import (
     Recall,
     SendMessage,
 )
+from qim.schemas.frames.control import Typing
+from qim.schemas.frames.rtc import RtcSignal
 from qim.schemas.records.outbox import GROUP
 from qim.schemas.records.requests import (
     AmendRequest,
@@ -51,7 +53,9 @@ from qim.schemas.records.requests import (
     PullMembersRequest,
     PullReactionsRequest,
     ReactRequest,
+    RtcSignalRequest,
     SendRequest,
+    TypingRequest,
     conversation_partition,
     encode_record,
 )
@@ -68,8 +72,11 @@ ROUTED_FRAMES: Final = (
     LeaveGroup,
     React,
     PullReactions,
+    Typing,
+    RtcSignal,
 )
-"""The request frames the ConversationWriter answers (A.3 #4, #5, #8, #9, #18-#22)."""
+"""The request frames the ConversationWriter decides (A.3 #4, #5, #8, #9, #10, #16, #18-#22);
+TYPING and RTC_SIGNAL have no reply unless refused (13.2, 13.5), the writer relays them."""
 
 _KINDS: Final[dict[type[Body], str]] = {
     SendMessage: "send",
@@ -81,6 +88,8 @@ _KINDS: Final[dict[type[Body], str]] = {
     LeaveGroup: "leave_group",
     React: "react",
     PullReactions: "pull_reactions",
+    Typing: "typing",
+    RtcSignal: "rtc_signal",
 }
 
 
@@ -131,7 +140,16 @@ def route_frame(
     if not isinstance(body, ROUTED_FRAMES):
         return None
     if isinstance(
-        body, SendMessage | PullHistory | PullMembers | Recall | Edit | React | PullReactions
+        body,
+        SendMessage
+        | PullHistory
+        | PullMembers
+        | Recall
+        | Edit
+        | React
+        | PullReactions
+        | Typing
+        | RtcSignal,
     ):
         conversation = body.conversation_id
     else:
@@ -155,7 +173,9 @@ def _envelope(
     | CreateGroup
     | LeaveGroup
     | React
-    | PullReactions,
+    | PullReactions
+    | Typing
+    | RtcSignal,
     grant: AuthGrant,
     shard: int,
     rid: int,
@@ -190,6 +210,26 @@ def _envelope(
             conversation_id=body.conversation_id,
             target_conversation_seq=body.target_conversation_seq,
             new_payload=body.new_payload if isinstance(body, Edit) else b"",
+        )
+    if isinstance(body, RtcSignal):
+        return RtcSignalRequest(
+            tenant_id=tenant,
+            user_id=user,
+            device_id=device,
+            session_epoch=epoch,
+            connection_shard=shard,
+            request_id=rid,
+            message=body,
+        )
+    if isinstance(body, Typing):
+        return TypingRequest(
+            tenant_id=tenant,
+            user_id=user,
+            device_id=device,
+            session_epoch=epoch,
+            connection_shard=shard,
+            request_id=rid,
+            conversation_id=body.conversation_id,
         )
     if isinstance(body, React):
         return ReactRequest(

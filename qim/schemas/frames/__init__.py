@@ -141,7 +141,7 @@ from qim.schemas.frames.reactions import (
     ReactionUpdate,
 )
 from qim.schemas.frames.room import RoomBatch, RoomEvent, RoomJoin, RoomLeave, RoomReplay
-from qim.schemas.frames.rtc import RtcSignal
+from qim.schemas.frames.rtc import RtcSignal, RtcSignalDown
 
 __all__ = [
     "DEFAULT_CHUNK_BYTES",
@@ -239,6 +239,7 @@ __all__ = [
     "RoomLeave",
     "RoomReplay",
     "RtcSignal",
+    "RtcSignalDown",
     "SendAck",
     "SendMessage",
     "SessionDelta",

@@ -95,12 +95,16 @@ class TypingDown(Body):
 class PresenceSub(Body):
     """PRESENCE_SUB uplink (A.3 #11): action subscribe|unsubscribe|replace.
 
+    §13.2: the body names a ``conversation_id`` (all its members) OR ``user_ids[]``, never
+    both. A.3 lists only ``targets[]``: they are the user ids here, and ``conversation_id``
+    [ext] is the other form (omitted when empty, so a user-id request keeps A.3's shape).
     At most ``presence_sub_max_targets`` (200) targets, checked by the decoder (RATE_LIMITED,
     §13.2: the set is never silently truncated).
     """
 
     action: str = "subscribe"
     targets: tuple[str, ...] = ()
+    conversation_id: str = ""
 
 
 class PresenceEntry(Body):

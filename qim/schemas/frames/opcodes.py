@@ -164,7 +164,7 @@ _TABLE: Final[tuple[FrameSpec, ...]] = (
     _up("ROOM_REPLAY", 0x0503, _ROOM, rm.RoomReplay),
     _down("ROOM_BATCH", 0x0504, _ROOM, rm.RoomBatch),
     # 0x06 RTC, 0x07 media
-    _up("RTC_SIGNAL", 0x0601, _RT, rtc.RtcSignal),
+    _both("RTC_SIGNAL", 0x0601, _RT, rtc.RtcSignal, rtc.RtcSignalDown),  # downlink [ext]
     _up("MEDIA_TICKET", 0x0701, _RT, md.MediaTicket),
     # 0x08 E2EE keys
     _up("PREKEY_PUBLISH", 0x0801, _RT, e.PrekeyPublish),

@@ -35,6 +35,7 @@ from qim.schemas.frames.members import (
 )
 from qim.schemas.frames.messaging import SendAck, SendMessage
 from qim.schemas.frames.reactions import ReactionList, ReactionUpdate
+from qim.schemas.frames.rtc import RtcSignal
 from qim.schemas.hashing import blake3_digest, hash_input, validate_identifier
 
 __all__ = [
@@ -50,7 +51,9 @@ __all__ = [
     "PullMembersRequest",
     "PullReactionsRequest",
     "ReactRequest",
+    "RtcSignalRequest",
     "SendRequest",
+    "TypingRequest",
     "WriterReply",
     "conversation_key",
     "conversation_partition",
@@ -226,6 +229,31 @@ class LeaveGroupRequest(_FromSession, tag="leave_group", kw_only=True, frozen=Tr
         return conversation_key(self.tenant_id, self.message.group_id)
 
 
+class TypingRequest(_FromSession, tag="typing", kw_only=True, frozen=True):
+    """TYPING uplink (A.3 #10, spec 13.2): decided by the writer, which knows the members.
+
+    No reply when it is forwarded, merged or not forwarded (a large group); a non-member gets
+    ``WriterReply.error`` (PERMISSION_DENIED). Nothing is appended to the outbox."""
+
+    conversation_id: str
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.conversation_id)
+
+
+class RtcSignalRequest(_FromSession, tag="rtc_signal", kw_only=True, frozen=True):
+    """RTC_SIGNAL (A.3 #16, spec 13.5): the writer checks that sender and target are members
+    of the conversation and relays it to the target's ConnectionShard; no reply unless
+    refused. Nothing is appended to the outbox."""
+
+    message: RtcSignal
+
+    @property
+    def key(self) -> bytes:
+        return conversation_key(self.tenant_id, self.message.conversation_id)
+
+
 class AdminReplyTo(_Record, tag="admin_reply_to", kw_only=True, frozen=True):
     """Where an admin request's answer goes: ``qim.admin-replies``, key ``node_id``."""
 
@@ -263,6 +291,8 @@ ConversationRequest: TypeAlias = (
     | AdminGroupRequest
     | ReactRequest
     | PullReactionsRequest
+    | TypingRequest
+    | RtcSignalRequest
 )
 """Every kind of the conversation-requests topic. Add a kind: a ``_Record`` subclass with its own
 ``tag`` here; old consumers reject an unknown tag, so deploy consumers before producers."""

@@ -225,7 +225,7 @@ export const SCHEMA: SchemaTable = {
    "opcode": 1537,
    "stream": 1,
    "up": "RtcSignal",
-   "down": null
+   "down": "RtcSignalDown"
   },
   {
    "name": "MEDIA_TICKET",
@@ -1440,6 +1440,11 @@ export const SCHEMA: SchemaTable = {
      "list": "s"
     },
     null
+   ],
+   [
+    "conversation_id",
+    "s",
+    ""
    ]
   ],
   "PresenceSubDown": [
@@ -1620,6 +1625,58 @@ export const SCHEMA: SchemaTable = {
    ],
    [
     "target_user_id",
+    "s",
+    ""
+   ],
+   [
+    "signal_payload",
+    "b",
+    null
+   ],
+   [
+    "call_id",
+    "s",
+    ""
+   ],
+   [
+    "signal_type",
+    "s",
+    ""
+   ],
+   [
+    "reason",
+    "s",
+    ""
+   ]
+  ],
+  "RtcSignalDown": [
+   [
+    "conversation_id",
+    "s",
+    ""
+   ],
+   [
+    "from_user_id",
+    "s",
+    ""
+   ],
+   [
+    "from_device_id",
+    "s",
+    ""
+   ],
+   [
+    "call_id",
+    "s",
+    ""
+   ],
+   [
+    "signal_type",
+    "s",
+    ""
+   ],
+   [
+    "reason",
     "s",
     ""
    ],

@@ -45,15 +45,18 @@ A5_STREAMS = {
 
 
 def test_exactly_42_client_visible_frame_names() -> None:
-    """A.4: 24 uplink + 21 downlink - 3 bidirectional = 42, matching A.2; plus the [ext]."""
+    """A.4: 24 uplink + 21 downlink - 3 bidirectional = 42, matching A.2; plus the [ext].
+
+    RTC_SIGNAL's relayed downlink half is ours (A.4 has none, digest §5 item 5): one more
+    downlink model on an A.3 opcode, no new name."""
     spec = {n: f for n, f in FRAMES_BY_NAME.items() if n not in EXT_FRAMES}
     assert len(spec) == 42
     assert set(spec) == {n for names in A2_GROUPS.values() for n in names.split()}
     up = [f for f in spec.values() if f.direction & Direction.UPLINK]
     down = [f for f in spec.values() if f.direction & Direction.DOWNLINK]
     both = {f.name for f in spec.values() if f.direction == Direction.BOTH}
-    assert (len(up), len(down)) == (24, 21)
-    assert both == {"TYPING", "PRESENCE_SUB", "PREKEY_FETCH"}
+    assert (len(up), len(down)) == (24, 21 + 1)
+    assert both == {"TYPING", "PRESENCE_SUB", "PREKEY_FETCH", "RTC_SIGNAL"}
     assert set(FRAMES_BY_NAME) == set(spec) | set(EXT_FRAMES)
 
 
@@ -90,7 +93,7 @@ def test_a5_streams_are_the_defaults() -> None:
 
 
 def test_every_frame_has_a_model_per_direction_and_models_map_back() -> None:
-    assert len(all_models()) == 45 + len(EXT_FRAMES)
+    assert len(all_models()) == 45 + 1 + len(EXT_FRAMES)  # + RTC_SIGNAL's [ext] downlink
     for spec, cls, _sender in all_models():
         assert spec_for_model(cls) is spec
 

@@ -26,6 +26,9 @@ from qim.schemas.records.reactions import ReactionPush, encode_reaction_push
 from tests.gateway_support import wait_until
 from tests.unit.gateway.test_router import COUNT, harness
 
+SERVED = {"TYPING", "PRESENCE_SUB", "RTC_SIGNAL"}
+"""Served since issue 16's real-time part: never answered as "not offered"."""
+
 CLIENT_FRAMES = sorted(
     name
     for name, spec in FRAMES_BY_NAME.items()
@@ -61,6 +64,8 @@ async def test_a_client_frame_is_forwarded_or_answered_with_its_request_id(name:
                 assert body.request_id == rid
                 if body.code == int(ErrorCode.PERMISSION_DENIED) and body.detail:
                     assert name in body.detail
+                if name in SERVED:
+                    assert "not offered" not in body.detail, f"{name} is served now"
         # the connection still serves: a PING after it is answered
         conn.feed_message(encode_frame(Ping(ping_id=9), rid + 1))
         await wait_until(lambda: any(isinstance(b, Pong) for b in pipe.bodies()))

@@ -1,0 +1,232 @@
+"""RTC_SIGNAL on the ConnectionNode (spec 13.5, AT-63/65): ring everywhere, one answer wins.
+
+The thin shell over :class:`~qim.core.transient.RingTimers`. Both directions pass here:
+
+* **outgoing** (a local device sends RTC_SIGNAL): the frame must name a conversation, a target
+  and a ``call_id`` and carry a known ``signal_type`` (else PERMISSION_DENIED naming why);
+  the payload size was checked by the codec (``rtc_signal_max_bytes``). A callee device's
+  ``accept`` / ``reject`` / ``busy`` stops this node's ring timer for the call and cancels the
+  user's other devices here (``answered_elsewhere`` / ``rejected_elsewhere``). When the
+  PresenceDirectory shows no online device of the target, the caller gets at once
+  ``RTC_SIGNAL{signal_type=cancel, reason=offline}`` with the request's request_id, and
+  nothing is forwarded (13.5.2's VoIP / FCM-high push is not built yet: that is the clear
+  answer until it is). Otherwise the router sends it to the ConversationWriter, which checks
+  both users' membership and relays it to the target's ConnectionShard;
+* **incoming** (an :class:`~qim.schemas.records.transient.RtcRelay` on one of this node's
+  shards): written to every live device of the target (13.5.1), DEGRADED ones skipped
+  (transient first, 11.3). An ``invite`` that reached a device starts ringing; one that reached
+  none (the directory was behind) answers the caller ``cancel{reason=offline}``. The caller's
+  ``cancel`` / ``bye`` stops the ringing;
+* **timeout**: past ``rtc_ring_timeout`` the callee's devices get ``cancel{reason=timeout}``
+  and so does the caller, through ``qim.to-gateway`` at the caller's ConnectionShard.
+
+No call state beyond the timers (13.5.3), none of it durable, and nothing touches a mailbox.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from qim.core.push import FlowState
+from qim.core.transient import RingTimers, answer_reason
+from qim.gateway.actions import Send
+from qim.gateway.devices import DeviceRegistry
+from qim.schemas.frames import Error, ErrorCode, Frame
+from qim.schemas.frames.rtc import SIGNAL_TYPES, RtcSignal, RtcSignalDown
+from qim.schemas.records.transient import RtcRelay, encode_transient
+
+if TYPE_CHECKING:
+    from qim.gateway.presence_directory import PresenceDirectory
+    from qim.gateway.routing.forwarder import RequestForwarder
+    from qim.gateway.transport.connection import Connection
+
+__all__ = ["RtcSignalling"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class _Outgoing:
+    relay: RtcRelay
+
+    @property
+    def key(self) -> bytes:
+        return self.relay.key
+
+    @property
+    def value(self) -> bytes:
+        return encode_transient(self.relay)
+
+    @property
+    def partition(self) -> int:
+        return self.relay.partition
+
+
+class RtcSignalling:
+    """This node's half of RTC signalling; ``start()`` / ``stop()`` run the ring clock."""
+
+    def __init__(
+        self,
+        registry: DeviceRegistry[Connection],
+        directory: PresenceDirectory | None,
+        forwarder: RequestForwarder,
+        *,
+        topic: str,
+        shard_of: Callable[[str, str], int],
+        ring_timeout_ms: int,
+        clock_ms: Callable[[], int],
+        tick_s: float = 0.25,
+    ) -> None:
+        self._registry = registry
+        self._directory = directory
+        self._forwarder = forwarder
+        self._topic = topic
+        self._shard_of = shard_of
+        self._clock_ms = clock_ms
+        self._tick_s = tick_s
+        self.timers = RingTimers(ring_timeout_ms)
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._ring_clock(), name="rtc-ring-timers")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    # -- a local device's signal ----------------------------------------------------------------
+
+    def outgoing(self, conn: Connection, frame: Frame) -> bool:
+        """True when the frame was answered here and must not be forwarded."""
+        signal = frame.body
+        assert isinstance(signal, RtcSignal)
+        grant = conn.session.grant
+        if grant is None:
+            return True
+        rid = frame.header.request_id
+        problem = _problem(signal)
+        if problem:
+            error = Error(code=int(ErrorCode.PERMISSION_DENIED), request_id=rid, detail=problem)
+            conn.apply([Send(error, request_id=rid, version=conn.session.version)])
+            return True
+        tenant, user = grant.tenant_id, grant.user_id
+        reason = answer_reason(signal.signal_type)
+        if reason is not None:  # a callee device answered: the others stop ringing
+            self.timers.stop(tenant, signal.call_id, user)
+            cancel = RtcSignalDown(
+                conversation_id=signal.conversation_id,
+                from_user_id=user,
+                from_device_id=grant.device_id,
+                call_id=signal.call_id,
+                signal_type="cancel",
+                reason=reason,
+            )
+            self._deliver(tenant, user, cancel, skip_device=grant.device_id)
+        directory = self._directory
+        if directory is not None and directory.ready.is_set():
+            now = self._clock_ms()
+            if not directory.view.online_devices(tenant, signal.target_user_id, now):
+                offline = RtcSignalDown(
+                    conversation_id=signal.conversation_id,
+                    from_user_id=signal.target_user_id,
+                    call_id=signal.call_id,
+                    signal_type="cancel",
+                    reason="offline",
+                )
+                conn.apply([Send(offline, request_id=rid, version=conn.session.version)])
+                return True
+        return False
+
+    # -- a relayed signal for a user of this node -----------------------------------------------
+
+    def incoming(self, relay: RtcRelay) -> int:
+        """Write the signal to every live device of its target; how many were written."""
+        signal, tenant, target = relay.signal, relay.tenant_id, relay.target_user_id
+        written = self._deliver(tenant, target, signal)
+        if signal.signal_type == "invite":
+            if written:
+                self.timers.invite(
+                    tenant, signal.call_id, target,
+                    caller=signal.from_user_id, caller_device=signal.from_device_id,
+                    conversation_id=signal.conversation_id, now_ms=self._clock_ms(),
+                )  # fmt: skip
+            else:
+                self._tell(tenant, signal.from_user_id, signal, target, "offline")
+        elif signal.signal_type in ("cancel", "bye"):
+            self.timers.stop(tenant, signal.call_id, target)
+        return written
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _deliver(
+        self, tenant: str, user: str, signal: RtcSignalDown, *, skip_device: str = ""
+    ) -> int:
+        written = 0
+        for device, slot in self._registry.devices(tenant, user).items():
+            conn = slot.conn
+            session = conn.session
+            if device == skip_device or session.grant is None or conn.closing or session.closed:
+                continue
+            if session.flow_state is FlowState.DEGRADED:
+                continue
+            conn.apply([Send(signal, request_id=0, version=session.version)])
+            written += 1
+        return written
+
+    def _tell(self, tenant: str, user: str, about: RtcSignalDown, callee: str, reason: str) -> None:
+        """The server's ``cancel{reason}`` to ``user`` on whichever node owns them."""
+        cancel = RtcSignalDown(
+            conversation_id=about.conversation_id,
+            from_user_id=callee,
+            call_id=about.call_id,
+            signal_type="cancel",
+            reason=reason,
+        )
+        relay = RtcRelay(
+            tenant_id=tenant,
+            target_user_id=user,
+            connection_shard=self._shard_of(tenant, user),
+            signal=cancel,
+        )
+
+        def produced(exc: BaseException | None) -> None:
+            if exc is not None:
+                log.warning("RTC cancel for %s not produced: %r", user, exc)
+
+        if not self._forwarder.submit(_Outgoing(relay), produced, topic=self._topic):
+            log.warning("RTC cancel for %s dropped: request queue full", user)
+
+    async def _ring_clock(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick_s)
+            try:
+                for ringing in self.timers.due(self._clock_ms()):
+                    cancel = RtcSignalDown(
+                        conversation_id=ringing.conversation_id,
+                        from_user_id=ringing.caller,
+                        from_device_id=ringing.caller_device,
+                        call_id=ringing.call_id,
+                        signal_type="cancel",
+                        reason="timeout",
+                    )
+                    self._deliver(ringing.tenant_id, ringing.callee, cancel)
+                    self._tell(ringing.tenant_id, ringing.caller, cancel, ringing.callee, "timeout")
+            except Exception:
+                log.exception("RTC ring clock failed")
+
+
+def _problem(signal: RtcSignal) -> str:
+    """Why the signal cannot be relayed ("" when it can)."""
+    if signal.signal_type not in SIGNAL_TYPES:
+        return f"RTC_SIGNAL signal_type {signal.signal_type!r} is not one of {SIGNAL_TYPES}"
+    if not signal.target_user_id or not signal.call_id:
+        return "RTC_SIGNAL needs target_user_id and call_id"
+    return ""
