@@ -90,6 +90,10 @@ export type ClientEvent =
   | { type: 'badge' }
   | { type: 'read_sync'; conversationId: string; readConversationSeq: number }
   | { type: 'reactions'; conversationId: string; conversationSeq: number; reactions: MessageReactions }
+  | { type: 'typing'; conversationId: string; userId: string; expiresInMs: number }
+  | { type: 'presence'; entries: PresenceEntry[] }
+  | { type: 'rtc'; signal: Body }
+  | { type: 'room'; batch: Body }
   | { type: 'frame'; frame: Frame }
   | { type: 'error'; error: Error };
 
@@ -99,6 +103,13 @@ export interface MessageReactions {
   summaryVersion: number;
   /** this user's own keys; a frame that omits them leaves them unchanged */
   selfReactionKeys: string[];
+}
+
+/** One user's presence as PRESENCE_SUB reports it (13.2). */
+export interface PresenceEntry {
+  user_id: string;
+  state: string;
+  last_active_at: number | bigint;
 }
 
 interface Pending {
@@ -484,6 +495,18 @@ export class QimClient {
       case 'REACTION_UPDATE':
         this.applyReactionUpdate(body);
         return;
+      case 'TYPING':
+        this.emit({ type: 'typing', conversationId: body.conversation_id as string, userId: body.user_id as string, expiresInMs: num(body.expires_in_ms ?? 0) });
+        return;
+      case 'PRESENCE_SUB':
+        this.emit({ type: 'presence', entries: this.applyPresence(body) });
+        return;
+      case 'RTC_SIGNAL':
+        this.emit({ type: 'rtc', signal: body });
+        return;
+      case 'ROOM_BATCH':
+        this.emit({ type: 'room', batch: body });
+        return;
       case 'KICKED':
         this.close();
         this.emit({ type: 'error', error: new Disconnected(`kicked: ${body.reason as string}`) });
@@ -569,6 +592,61 @@ export class QimClient {
 
   async edit(conversationId: string, targetConversationSeq: number, newPayload: Uint8Array): Promise<Body> {
     return (await this.request('EDIT', { conversation_id: conversationId, target_conversation_seq: targetConversationSeq, new_payload: newPayload }, 'SEND_ACK')).body;
+  }
+
+  /** Presence of the users this connection subscribed to, by user_id (soft state, 13.2). */
+  readonly presence = new Map<string, PresenceEntry>();
+
+  /** TYPING (13.2): "I am typing" to the other members' online devices; no reply (a refusal
+   * arrives as an 'error' event with the returned request_id). */
+  typing(conversationId: string): number {
+    const id = this.allocRequestId();
+    this.sendFrame('TYPING', { conversation_id: conversationId }, id);
+    return id;
+  }
+
+  /** PRESENCE_SUB subscribe / unsubscribe / replace, by user ids or by a conversation's
+   * members (never both) -> the snapshot; increments arrive as 'presence' events. */
+  async subscribePresence(target: { userIds: string[] } | { conversationId: string }, action: 'subscribe' | 'unsubscribe' | 'replace' = 'subscribe'): Promise<PresenceEntry[]> {
+    const body = 'userIds' in target ? { action, targets: target.userIds } : { action, conversation_id: target.conversationId };
+    if (action === 'replace') this.presence.clear();
+    if (action === 'unsubscribe' && 'userIds' in target) for (const u of target.userIds) this.presence.delete(u);
+    return this.applyPresence((await this.request('PRESENCE_SUB', body, 'PRESENCE_SUB')).body);
+  }
+
+  private applyPresence(body: Body): PresenceEntry[] {
+    const entries = [...((body.entries as PresenceEntry[] | undefined) ?? [])];
+    for (const e of entries) this.presence.set(e.user_id, e);
+    return entries;
+  }
+
+  /** RTC_SIGNAL (13.5): one call step to every online device of the target; no reply (the
+   * server's cancels and the callee's answers arrive as 'rtc' events). */
+  rtcSignal(conversationId: string, targetUserId: string, signalType: string, callId: string, signalPayload: Uint8Array = new Uint8Array(), reason = ''): number {
+    const id = this.allocRequestId();
+    this.sendFrame('RTC_SIGNAL', { conversation_id: conversationId, target_user_id: targetUserId, signal_type: signalType, call_id: callId, signal_payload: signalPayload, reason }, id);
+    return id;
+  }
+
+  /** ROOM_JOIN -> ROOM_BATCH{room_epoch, latest_room_seq, earliest_replay_room_seq} (14.5);
+   * live batches arrive as 'room' events. */
+  async joinRoom(roomId: string, afterRoomSeq?: number): Promise<Body> {
+    const body: Body = afterRoomSeq === undefined ? { room_id: roomId } : { room_id: roomId, after_room_seq: afterRoomSeq };
+    return (await this.request('ROOM_JOIN', body, 'ROOM_BATCH')).body;
+  }
+
+  async leaveRoom(roomId: string): Promise<Body> {
+    return (await this.request('ROOM_LEAVE', { room_id: roomId }, 'ROOM_BATCH')).body;
+  }
+
+  /** ROOM_REPLAY inside the window, or an empty batch with replay_truncated outside it (14.3). */
+  async replayRoom(roomId: string, afterRoomSeq: number): Promise<Body> {
+    return (await this.request('ROOM_REPLAY', { room_id: roomId, after_room_seq: afterRoomSeq }, 'ROOM_BATCH')).body;
+  }
+
+  /** A message into a joined room: SEND_MESSAGE to its r: id -> SEND_ACK (conversation_seq 0). */
+  sendRoom(roomId: string, payload: Uint8Array): Promise<Body> {
+    return this.sendMessage(roomId, payload);
   }
 
   /** Reaction aggregates by `${conversationId}:${conversationSeq}`, newest version only. */

@@ -202,3 +202,42 @@ test('REACT answers with the absolute aggregate; pushed updates apply only when 
   assert.deepEqual(await c.pullReactions('g:team', 3, 'like'), { users: ['alice', 'bob'], total: 2 });
   c.close();
 });
+
+test('typing, presence, RTC and rooms: frames out with the spec fields, answers and live frames as events', async () => {
+  const server = fakeServer(standardHandlers([], {
+    extra: {
+      PRESENCE_SUB: (body, h, s, ws) => reply(ws, 'PRESENCE_SUB', { entries: body.targets.map((u) => ({ user_id: u, state: 'online', last_active_at: 5 })) }, h.requestId),
+      ROOM_JOIN: (body, h, s, ws) => reply(ws, 'ROOM_BATCH', { room_id: body.room_id, room_epoch: 1, latest_room_seq: 7, earliest_replay_room_seq: 2 }, h.requestId),
+      ROOM_REPLAY: (body, h, s, ws) => reply(ws, 'ROOM_BATCH', { room_id: body.room_id, room_epoch: 1, replay_truncated: body.after_room_seq < 2 }, h.requestId),
+      ROOM_LEAVE: (body, h, s, ws) => reply(ws, 'ROOM_BATCH', { room_id: body.room_id, latest_room_seq: 7 }, h.requestId),
+    },
+  }));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', WebSocket: server.WebSocket });
+  const events = [];
+  c.on((e) => { if (['typing', 'presence', 'rtc', 'room'].includes(e.type)) events.push(e); });
+  await c.start();
+  const tid = c.typing('g:team');
+  const typing = server.received.find((f) => f.name === 'TYPING');
+  assert.equal(typing.body.conversation_id, 'g:team');
+  assert.equal(typing.header.requestId, tid);
+  const snapshot = await c.subscribePresence({ userIds: ['bob', 'carol'] });
+  assert.deepEqual(snapshot.map((e) => e.user_id), ['bob', 'carol']);
+  assert.equal(server.received.find((f) => f.name === 'PRESENCE_SUB').body.action, 'subscribe');
+  c.rtcSignal('d:alice:bob', 'bob', 'invite', 'call-1', new Uint8Array([1]));
+  const rtc = server.received.find((f) => f.name === 'RTC_SIGNAL').body;
+  assert.deepEqual([rtc.target_user_id, rtc.signal_type, rtc.call_id], ['bob', 'invite', 'call-1']);
+  const joined = await c.joinRoom('r:live');
+  assert.deepEqual([joined.latest_room_seq, joined.earliest_replay_room_seq], [7, 2]);
+  assert.equal((await c.replayRoom('r:live', 1)).replay_truncated, true);
+  // live downlink frames
+  server.push('TYPING', { conversation_id: 'g:team', user_id: 'bob', expires_in_ms: 5000 });
+  server.push('PRESENCE_SUB', { entries: [{ user_id: 'bob', state: 'offline', last_active_at: 9 }] });
+  server.push('RTC_SIGNAL', { conversation_id: 'd:alice:bob', call_id: 'call-1', signal_type: 'cancel', reason: 'timeout' });
+  server.push('ROOM_BATCH', { room_id: 'r:live', room_epoch: 1, events: [], latest_room_seq: 8 });
+  assert.deepEqual(events.map((e) => e.type), ['typing', 'presence', 'rtc', 'room']);
+  assert.equal(events[0].expiresInMs, 5000);
+  assert.equal(c.presence.get('bob').state, 'offline');
+  assert.equal(events[2].signal.reason, 'timeout');
+  assert.equal((await c.leaveRoom('r:live')).room_id, 'r:live');
+  c.close();
+});
