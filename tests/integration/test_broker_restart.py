@@ -34,14 +34,14 @@ from qim.chaos.broker_restart import (
 )
 from qim.chaos.cli import write_report
 from qim.chaos.load import Sender
-from qim.devstack.stack import Stack, StackConfig
+from qim.devstack.stack import Stack, StackConfig, default_partition_counts
 from qim.streams import OUTBOX
 
 pytestmark = pytest.mark.integration
 
 RSS_GROWTH_BOUND = 96 * 1024 * 1024
 TRANSACTIONAL_PREFIX = WriterOptions.transactional_id_prefix
-PARTITIONS = StackConfig().partition_counts["conversation_partition_count"]
+PARTITIONS = default_partition_counts()["conversation_partition_count"]  # for_tests: the defaults
 
 
 @pytest.fixture(scope="module")
