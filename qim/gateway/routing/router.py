@@ -312,20 +312,9 @@ class ConversationRouter:
         verdict = self.send_rate.take(grant.tenant_id, grant.user_id, self._clock_ms())
         if verdict.retry_after_ms is None:
             return True
-        self.metrics.rate_limited.labels(
-            tenant=grant.tenant_id, dimension="per_user_msg_rate"
-        ).inc()
         if isinstance(frame.body, SendMessage):
             self.metrics.send_reject.labels(code=ErrorCode.RATE_LIMITED.name).inc()
-        rid = frame.header.request_id
-        error = Error(
-            code=int(ErrorCode.RATE_LIMITED),
-            retry_after_ms=verdict.retry_after_ms,
-            detail="per_user_msg_rate",
-            request_id=rid,
-        )
-        conn.apply([Send(error, request_id=rid, version=conn.session.version)])
-        return False
+        return self._rate_limited(conn, frame, "per_user_msg_rate", verdict.retry_after_ms)
 
     def _admit_history(self, conn: Connection, frame: Frame) -> bool:
         """Take a ``per_user_history_pull_rate`` token, or answer RATE_LIMITED with the time
@@ -336,14 +325,21 @@ class ConversationRouter:
         verdict = self.history_pulls.take((grant.tenant_id, grant.user_id), self._clock_ms())
         if verdict.retry_after_ms is None:
             return True
-        self.metrics.rate_limited.labels(
-            tenant=grant.tenant_id, dimension="per_user_history_pull_rate"
-        ).inc()
+        return self._rate_limited(conn, frame, "per_user_history_pull_rate", verdict.retry_after_ms)
+
+    def _rate_limited(
+        self, conn: Connection, frame: Frame, dimension: str, retry_after_ms: int
+    ) -> bool:
+        """Count the refusal by (tenant, dimension) and answer ERROR{RATE_LIMITED,
+        retry_after_ms, detail=dimension} with the frame's request_id; always False."""
+        grant = conn.session.grant
+        assert grant is not None
+        self.metrics.rate_limited.labels(tenant=grant.tenant_id, dimension=dimension).inc()
         rid = frame.header.request_id
         error = Error(
             code=int(ErrorCode.RATE_LIMITED),
-            retry_after_ms=verdict.retry_after_ms,
-            detail="per_user_history_pull_rate",
+            retry_after_ms=retry_after_ms,
+            detail=dimension,
             request_id=rid,
         )
         conn.apply([Send(error, request_id=rid, version=conn.session.version)])
