@@ -15,19 +15,16 @@ spread over a token's refill by a loaded machine (5/s would refill one every 200
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from qim.client import HeartbeatConfig, Identity, QimClient, QimError
-from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership.shards import ShardOwnership
+from qim.client import QimError
+from qim.devstack.stack import Stack
 from qim.params import Settings
 from qim.schemas.frames import ErrorCode, HistoryBatch
-from tests.gateway_support import Gateway, running_gateway
+from tests.integration.limits_support import device, limited_gateway, refused
 from tests.integration.test_admin_groups import WRITER_ENV, writer_serving
 from tests.integration.workers import FaustWorker
 
@@ -45,42 +42,6 @@ SETTINGS = Settings.load(
 )
 
 
-@contextlib.asynccontextmanager
-async def limited_gateway(stack: Stack) -> AsyncIterator[Gateway]:
-    bootstrap = stack.cfg.kafka.bootstrap
-    ownership = ShardOwnership(bootstrap, f"qim-gw-limits-{uuid.uuid4().hex[:8]}", "ws://gw")
-    await ownership.start()
-    try:
-        await asyncio.wait_for(ownership.wait_assigned(), 60)
-        async with running_gateway(
-            ownership=ownership,
-            settings=SETTINGS,
-            node_id="gw-limits",
-            kafka_bootstrap=bootstrap,
-            route_requests=True,
-            conversation_partition_count=CONVERSATION_PARTITION_COUNT,
-        ) as gw:
-            yield gw
-    finally:
-        await ownership.stop()
-
-
-@contextlib.asynccontextmanager
-async def device(gw: Gateway, tenant: str, user: str, name: str) -> AsyncIterator[QimClient]:
-    client = QimClient(heartbeat=HeartbeatConfig(enabled=False), request_timeout=60)
-    async with client:
-        await client.connect(gw.ws_url, await gw.token(user, name, tenant), name)
-        client.identity = Identity(tenant, user)
-        yield client
-
-
-def refused(gw: Gateway, tenant: str) -> float:
-    labels = {"tenant": tenant, "dimension": "per_user_history_pull_rate"}
-    value = gw.node.metrics.registry.get_sample_value("qim_gateway_rate_limited_total", labels)
-    assert value is not None, "qim_gateway_rate_limited_total has no sample for the tenant"
-    return value
-
-
 async def test_history_pulls_over_the_users_rate_are_refused_with_a_retry_time_that_works(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -90,7 +51,7 @@ async def test_history_pulls_over_the_users_rate_are_refused_with_a_retry_time_t
     try:
         await writer_serving(writer)
         async with (
-            limited_gateway(stack) as gw,
+            limited_gateway(stack, SETTINGS, "gw-limits") as gw,
             device(gw, tenant, "alice", "phone") as phone,
             device(gw, tenant, "alice", "laptop") as laptop,
         ):
@@ -112,7 +73,7 @@ async def test_history_pulls_over_the_users_rate_are_refused_with_a_retry_time_t
             assert all(h > 0 for h in hints)  # 20.4.1 rule 2: always a retry_after_ms
             assert len(set(hints)) == len(hints)  # each refusal is promised its own token
             assert hints[-1] > (PULLS - CAPACITY - 1) * PERIOD_MS // CAPACITY
-            assert refused(gw, tenant) == PULLS - CAPACITY
+            assert refused(gw, tenant, "per_user_history_pull_rate") == PULLS - CAPACITY
 
             # the two earliest refusals retried at their hint are admitted
             loop = asyncio.get_running_loop()
@@ -121,6 +82,6 @@ async def test_history_pulls_over_the_users_rate_are_refused_with_a_retry_time_t
                 await asyncio.sleep(max(0.0, started + hint / 1000 - loop.time()))
                 again = await phone.pull_history(conversation, limit=10)
                 assert len(again.messages) == 1
-            assert refused(gw, tenant) == PULLS - CAPACITY
+            assert refused(gw, tenant, "per_user_history_pull_rate") == PULLS - CAPACITY
     finally:
         await asyncio.to_thread(writer.stop)

@@ -13,20 +13,17 @@ loaded machine cannot spread the spray over a token's refill: exactly the burst 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
 
-from qim.client import HeartbeatConfig, Identity, QimClient, QimError
+from qim.client import QimError
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership.shards import ShardOwnership
 from qim.params import Settings
 from qim.schemas.frames import ErrorCode, SendAck
 from qim.schemas.records.requests import conversation_partition
-from tests.gateway_support import Gateway, running_gateway
+from tests.integration.limits_support import device, limited_gateway, refused
 from tests.integration.test_admin_groups import WRITER_ENV, writer_serving
 from tests.integration.workers import FaustWorker
 
@@ -44,42 +41,6 @@ SETTINGS = Settings.load(
 )
 
 
-@contextlib.asynccontextmanager
-async def limited_gateway(stack: Stack) -> AsyncIterator[Gateway]:
-    bootstrap = stack.cfg.kafka.bootstrap
-    ownership = ShardOwnership(bootstrap, f"qim-gw-msgrate-{uuid.uuid4().hex[:8]}", "ws://gw")
-    await ownership.start()
-    try:
-        await asyncio.wait_for(ownership.wait_assigned(), 60)
-        async with running_gateway(
-            ownership=ownership,
-            settings=SETTINGS,
-            node_id="gw-msgrate",
-            kafka_bootstrap=bootstrap,
-            route_requests=True,
-            conversation_partition_count=CONVERSATION_PARTITION_COUNT,
-        ) as gw:
-            yield gw
-    finally:
-        await ownership.stop()
-
-
-@contextlib.asynccontextmanager
-async def device(gw: Gateway, tenant: str, user: str, name: str) -> AsyncIterator[QimClient]:
-    client = QimClient(heartbeat=HeartbeatConfig(enabled=False), request_timeout=60)
-    async with client:
-        await client.connect(gw.ws_url, await gw.token(user, name, tenant), name)
-        client.identity = Identity(tenant, user)
-        yield client
-
-
-def refused(gw: Gateway, tenant: str) -> float:
-    labels = {"tenant": tenant, "dimension": "per_user_msg_rate"}
-    value = gw.node.metrics.registry.get_sample_value("qim_gateway_rate_limited_total", labels)
-    assert value is not None, "qim_gateway_rate_limited_total has no sample for the tenant"
-    return value
-
-
 async def test_one_user_spraying_many_conversations_is_limited_and_another_user_is_not(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -89,7 +50,7 @@ async def test_one_user_spraying_many_conversations_is_limited_and_another_user_
     try:
         await writer_serving(writer)
         async with (
-            limited_gateway(stack) as gw,
+            limited_gateway(stack, SETTINGS, "gw-msgrate") as gw,
             device(gw, tenant, "spammer", "phone") as phone,
             device(gw, tenant, "spammer", "laptop") as laptop,
             device(gw, tenant, "carol", "phone") as carol,
@@ -122,7 +83,7 @@ async def test_one_user_spraying_many_conversations_is_limited_and_another_user_
             assert all((e.retry_after_ms or 0) > 0 for e in errors)  # 20.4.1 rule 2
             assert all(e.request_id for e in errors)
             assert all(isinstance(o, SendAck) for o in others), others  # carol: unaffected
-            assert refused(gw, tenant) == PEERS - BURST
+            assert refused(gw, tenant, "per_user_msg_rate") == PEERS - BURST
 
     finally:
         await asyncio.to_thread(writer.stop)
