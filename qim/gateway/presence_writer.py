@@ -20,10 +20,8 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from aiokafka import AIOKafkaProducer
-
 from qim.schemas.records.presence import PresenceEntry, PresenceKey, encode_presence
-from qim.streams.producer import RecoveringProducer
+from qim.streams.producer import durable_producer
 
 __all__ = ["KafkaPresenceWriter", "MemoryPresence"]
 
@@ -50,14 +48,8 @@ class KafkaPresenceWriter:
         self._vbc = virtual_bucket_count
         self._shards = mailbox_shard_count
         self._on_written = on_written or (lambda kind: None)
-        self._producer = RecoveringProducer(
-            lambda: AIOKafkaProducer(
-                bootstrap_servers=bootstrap, acks="all", enable_idempotence=True, linger_ms=5
-            ),
-            name="presence",
-            idempotent=True,
-            resend=True,
-            on_replaced=on_replaced,
+        self._producer = durable_producer(
+            bootstrap, name="presence", linger_ms=5, on_replaced=on_replaced
         )
         self._queue: asyncio.Queue[_Record | None] = asyncio.Queue()
         self._sender: asyncio.Task[None] | None = None

@@ -51,6 +51,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+from aiokafka import AIOKafkaProducer
 from aiokafka.errors import (
     InvalidProducerEpoch,
     InvalidProducerIdMapping,
@@ -62,7 +63,7 @@ from aiokafka.errors import (
 )
 from prometheus_client import CollectorRegistry, Counter
 
-__all__ = ["FATAL", "RecoveringProducer", "replaced_counter", "sender_stopped"]
+__all__ = ["FATAL", "RecoveringProducer", "durable_producer", "replaced_counter", "sender_stopped"]
 
 log = logging.getLogger(__name__)
 
@@ -396,3 +397,33 @@ def _abandon(producer: Any) -> None:
 def _fail(future: asyncio.Future[Any], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
+
+
+def durable_producer(
+    bootstrap: str,
+    *,
+    name: str,
+    linger_ms: int,
+    client_id: str | None = None,
+    on_replaced: Callable[[str], None] | None = None,
+    **kafka: Any,
+) -> RecoveringProducer:
+    """An idempotent ``acks=all`` producer (a send is done once it is durable) that replaces
+    itself after a broker restart left it unusable and resends what was in flight; ``name``
+    labels ``qim_<process>_producer_replaced_total``. ``kafka``: further AIOKafkaProducer
+    options (``request_timeout_ms``, ...)."""
+    options: dict[str, Any] = {"client_id": client_id} if client_id else {}
+
+    def make() -> AIOKafkaProducer:
+        return AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            acks="all",
+            enable_idempotence=True,
+            linger_ms=linger_ms,
+            **options,
+            **kafka,
+        )
+
+    return RecoveringProducer(
+        make, name=name, idempotent=True, resend=True, on_replaced=on_replaced
+    )

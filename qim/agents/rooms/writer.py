@@ -48,7 +48,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalStateError
 from mode import Service
@@ -69,7 +69,7 @@ from qim.schemas.records.rooms import (
     room_key,
 )
 from qim.streams.fetching import hot_fetch
-from qim.streams.producer import RecoveringProducer, replaced_counter
+from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
 from qim.streams.topics import ADMIN_REPLIES, ROOM_LOG, ROOM_REQUESTS, ROOMS, TO_GATEWAY
 
 __all__ = ["GROUP_ID", "ROOM_WRITER_ID_BASE", "RoomWriterOptions", "RoomWriterService"]
@@ -193,17 +193,11 @@ class RoomWriterService(Service):
 
     async def on_start(self) -> None:
         opts = self.options
-        self._producer = RecoveringProducer(
-            lambda: AIOKafkaProducer(
-                bootstrap_servers=opts.bootstrap,
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=1,
-                client_id=f"{opts.client_id}-out",
-            ),
+        self._producer = durable_producer(
+            opts.bootstrap,
             name="rooms",
-            idempotent=True,
-            resend=True,
+            linger_ms=1,
+            client_id=f"{opts.client_id}-out",
             on_replaced=lambda reason: self.producer_replaced.labels(
                 producer="rooms", reason=reason
             ).inc(),

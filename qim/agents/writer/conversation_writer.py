@@ -46,7 +46,7 @@ import logging
 import time
 from typing import Any
 
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.abc import ConsumerRebalanceListener
 from aiokafka.errors import IllegalStateError, ProducerFenced
 from mode import Service
@@ -64,7 +64,7 @@ from qim.core.conversation import WriterFencedError
 from qim.core.transient import TypingGate
 from qim.schemas.routing import connection_shard_id, user_bucket
 from qim.streams.fetching import hot_fetch
-from qim.streams.producer import RecoveringProducer, replaced_counter
+from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
 from qim.tables.message_store import MessageStore
 
 __all__ = ["ConversationWriterService"]
@@ -142,17 +142,11 @@ class ConversationWriterService(Service):
         # Replies leave after their transaction commits, all partitions through one producer
         # (txn.OwnedPartition._reply): a resend after a replacement is a duplicate reply at
         # worst, which the gateway drops (its request is no longer pending).
-        self._replies = RecoveringProducer(
-            lambda: AIOKafkaProducer(
-                bootstrap_servers=opts.bootstrap,
-                acks="all",
-                enable_idempotence=True,
-                linger_ms=1,
-                client_id=f"{opts.client_id}-replies",
-            ),
+        self._replies = durable_producer(
+            opts.bootstrap,
             name="replies",
-            idempotent=True,
-            resend=True,
+            linger_ms=1,
+            client_id=f"{opts.client_id}-replies",
             on_replaced=lambda reason: self.producer_replaced.labels(
                 producer="replies", reason=reason
             ).inc(),

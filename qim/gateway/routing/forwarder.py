@@ -42,9 +42,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from aiokafka import AIOKafkaProducer
-
-from qim.streams.producer import RecoveringProducer
+from qim.streams.producer import durable_producer
 
 __all__ = [
     "Delivered",
@@ -102,18 +100,13 @@ def kafka_request_producer(
     replaces itself when a broker restart left it unusable (module docstring); ``on_replaced``
     counts that (``qim_gateway_producer_replaced_total``)."""
 
-    def make() -> AIOKafkaProducer:
-        return AIOKafkaProducer(
-            bootstrap_servers=bootstrap,
-            client_id=client_id or "qim-requests",
-            acks="all",
-            enable_idempotence=True,
-            linger_ms=linger_ms,
-            request_timeout_ms=request_timeout_ms,
-        )
-
-    return RecoveringProducer(
-        make, name="requests", idempotent=True, resend=True, on_replaced=on_replaced
+    return durable_producer(
+        bootstrap,
+        name="requests",
+        linger_ms=linger_ms,
+        client_id=client_id or "qim-requests",
+        on_replaced=on_replaced,
+        request_timeout_ms=request_timeout_ms,
     )
 
 
