@@ -25,12 +25,11 @@ fields can be added (27.2.1).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Final, Literal
 
 import msgspec
 
-from qim.schemas import hash_input, mailbox_shard_id, parse_hash_input, user_bucket
+from qim.schemas.records.presence import PresenceKey
 
 __all__ = [
     "BUNDLE_ENVS",
@@ -61,27 +60,10 @@ PushKind = Literal["alert", "badge"]
 """``alert``: a notification (banner/sound) with the badge; ``badge``: silent badge-only."""
 
 
-@dataclass(frozen=True, slots=True, order=True)
-class DeviceKey:
-    """The primary key of a DeviceToken, a digest record and a PushTask (16.1.1, 16.6)."""
-
-    tenant_id: str
-    user_id: str
-    device_id: str
-
-    def encode(self) -> bytes:
-        return hash_input(self.tenant_id, self.user_id, self.device_id)
-
-    @classmethod
-    def decode(cls, data: bytes) -> DeviceKey:
-        tenant, user, device = parse_hash_input(data, (str, str, str))
-        assert isinstance(tenant, str) and isinstance(user, str) and isinstance(device, str)
-        return cls(tenant, user, device)
-
-    def partition(self, *, virtual_bucket_count: int, mailbox_shard_count: int) -> int:
-        """The user's mailbox_shard_id (same rule as presence, 5.4.2 / 16.6)."""
-        bucket = user_bucket(self.tenant_id, self.user_id, virtual_bucket_count)
-        return mailbox_shard_id(bucket, mailbox_shard_count)
+DeviceKey = PresenceKey
+"""The primary key of a DeviceToken, a digest record and a PushTask (16.1.1, 16.6): the same
+(tenant, user, device) key, encoding and partition rule as presence, so the digest and the push
+tasks are co-partitioned with the user's mailbox shard (5.4.2 / 16.6)."""
 
 
 class _Record(
