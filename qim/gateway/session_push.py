@@ -30,6 +30,7 @@ from qim.core.push import (
     BarrierState,
     CloseConnection,
     ConnectionPush,
+    DroppedWhileDegraded,
     FlowState,
     IllegalTransition,
     PendingPush,
@@ -168,6 +169,8 @@ class SessionPushes:
             elif isinstance(action, CloseConnection):
                 actions.append(Count("slow_connection_closed", action.reason))
                 actions += self.shutdown(CloseReason.SLOW_CONSUMER, now_ms, action.reason)
+            elif isinstance(action, DroppedWhileDegraded):
+                actions.append(Count("degraded_drop", "PUSH_EVENTS"))
             else:
                 self.last_pushed_user_seq = max(self.last_pushed_user_seq, action.mailbox_seq)
                 actions.append(

@@ -11,8 +11,9 @@ and two SDK devices: alice sends, bob's phone stops reading its socket (the slow
    SESSION_DELTA / BADGE_UPDATE notices), signalling MAILBOX_DIRTY;
 2. still DEGRADED, alice sends more messages: nothing of them is queued for bob;
 3. bob reads again: he receives what was already in the socket, the MAILBOX_DIRTY, and no
-   PUSH_EVENTS or SESSION_DELTA about any message of step 2 -- ever; once the connection is
-   back to NORMAL a new message is pushed to him again (the positive barrier);
+   PUSH_EVENTS or SESSION_DELTA about any message of step 2 -- ever (each of their pushes is
+   counted as a degraded drop before he reads again: the positive barrier); once the connection
+   is back to NORMAL a new message is pushed to him again;
 4. bob's SDK pulls its mailbox (the PONG / ERROR rule) and holds every message exactly once,
    the same set the MailboxNode serves.
 """
@@ -30,6 +31,7 @@ from websockets.asyncio.client import ClientConnection
 
 from qim.client import HeartbeatConfig, Identity, QimClient, QimError
 from qim.client.transport import Transport
+from qim.core.push import FlowState
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
 from qim.gateway.ownership.shards import ShardOwnership
 from qim.schemas.frames import (
@@ -108,6 +110,19 @@ async def degrading_gateway(stack: Stack) -> AsyncIterator[Gateway]:
         await ownership.stop()
 
 
+async def mailbox_seq_of(probe: MailboxProbe, tenant: str, message_id: bytes) -> int:
+    """The mailbox_seq of bob's entry for this message, once his MailboxNode materialized it."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 60
+    while True:
+        entries = await probe.pull_all(tenant, "bob")
+        seqs = [e.mailbox_seq for e in entries if e.message_id == message_id]
+        if seqs:
+            return max(seqs)
+        assert loop.time() < deadline, "the message never reached bob's mailbox"
+        await asyncio.sleep(0.1)
+
+
 async def test_a_degraded_connection_gets_no_stale_realtime_frame_and_catches_up_from_the_mailbox(
     stack: Stack, tmp_path: Path
 ) -> None:
@@ -156,16 +171,24 @@ async def test_a_degraded_connection_gets_no_stale_realtime_frame_and_catches_up
             )
             assert metric(gw, "mailbox_dirty_sent_total") >= 1
             late = [await send(5000 + i) for i in range(WHILE_DEGRADED)]
-            # SESSION_DELTAs were dropped (purged at the degradation or refused while degraded);
-            # the barrier for "every late message was decided on" is the final push below: one
-            # MailboxNode produces them all to bob's ConnectionShard partition, in order
+            (conn,) = [c for c in gw.node.connections.values() if c.session.grant
+                       and c.session.grant.user_id == "bob"]  # fmt: skip
+            # the barrier for "every late message was decided on": bob's connection was offered
+            # the push of the last late message's mailbox entry while still DEGRADED
+            last_seq = await mailbox_seq_of(probe, tenant, late[-1])
+            pushes = conn.session.pushes
+            assert pushes is not None
+            await until(
+                lambda: pushes.decided_seq >= last_seq,
+                "the late pushes never reached the DEGRADED connection",
+            )
+            assert conn.session.flow_state is FlowState.DEGRADED
+            # SESSION_DELTAs were dropped (purged at the degradation or refused while degraded)
             drops = {"frame": "SESSION_DELTA"}
             await until(
                 lambda: (seen(gw, "qim_gateway_degraded_drops_total", drops) or 0) >= 1,
                 "no SESSION_DELTA was dropped while DEGRADED",
             )
-            (conn,) = [c for c in gw.node.connections.values() if c.session.grant
-                       and c.session.grant.user_id == "bob"]  # fmt: skip
             assert conn.outbound.queued_notices == 0  # nothing real-time waits for bob
             assert conn.outbound.queued_pushes == 0
 

@@ -35,6 +35,7 @@ __all__ = [
     "CLOSE_SEND_BUFFER_HARD",
     "CloseConnection",
     "ConnectionPush",
+    "DroppedWhileDegraded",
     "PushAction",
     "SendControl",
     "SignalDirty",
@@ -66,6 +67,13 @@ class SignalDirty:
 
 
 @dataclass(frozen=True, slots=True)
+class DroppedWhileDegraded:
+    """A push offered while DEGRADED was not written (11.3.1): only counted, PONG says dirty."""
+
+    mailbox_seq: int
+
+
+@dataclass(frozen=True, slots=True)
 class SendControl:
     """A stream-0 frame that goes out whatever the flow state (I-25)."""
 
@@ -77,7 +85,7 @@ class CloseConnection:
     reason: str
 
 
-PushAction: TypeAlias = WritePush | SignalDirty | CloseConnection
+PushAction: TypeAlias = WritePush | SignalDirty | CloseConnection | DroppedWhileDegraded
 
 
 class ConnectionPush:
@@ -95,6 +103,8 @@ class ConnectionPush:
         )
         self.flow = FlowControl(limits)
         self.last_pushed_user_seq = sync_to_seq
+        # the highest mailbox_seq offered: written, queued or dropped -- decided on either way
+        self.decided_seq = sync_to_seq
         self.mailbox_dirty = False
         self.sent_bytes = 0  # stream-1 frames handed to the send buffer, not yet drained
         self.sent_items = 0
@@ -113,11 +123,12 @@ class ConnectionPush:
     def offer(self, pending: PendingPush) -> list[PushAction]:
         """One message's events for this connection, from expansion."""
         state = self.flow.state  # CLOSED: the closed barrier below raises IllegalTransition
+        self.decided_seq = max(self.decided_seq, pending.mailbox_seq)
         if state is FlowState.CLOSING:
             return []  # closing anyway: the next session's sync covers it
         if state is FlowState.DEGRADED and pending.mailbox_seq > self.barrier.sync_to_seq:
             self._drop(1)  # DEGRADED sends nothing on stream 1; PONG will say dirty
-            return []
+            return [DroppedWhileDegraded(pending.mailbox_seq)]
         result = self.barrier.offer(pending)
         if result.action is BarrierAction.PASS:
             return [self._write(pending), *self._level()]

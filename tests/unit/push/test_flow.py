@@ -11,6 +11,7 @@ from qim.core.push import (
     FLOW_TABLE,
     CloseConnection,
     ConnectionPush,
+    DroppedWhileDegraded,
     FlowControl,
     FlowEvent,
     FlowLimits,
@@ -87,7 +88,7 @@ def test_11_3_1_degraded_drops_new_pushes_and_pong_says_dirty_once() -> None:
     push.offer(pending(1, ledger_bytes=MiB))
     assert flow_state(push) is FlowState.DEGRADED
     assert push.pong() == (1, False)  # the ERROR already reported the degradation
-    assert push.offer(pending(2)) == []  # dropped: nothing on stream 1 in DEGRADED
+    assert push.offer(pending(2)) == [DroppedWhileDegraded(2)]  # nothing on stream 1 in DEGRADED
     assert push.audit() == []
     assert push.pong() == (1, True)
     assert push.pong() == (1, False)
