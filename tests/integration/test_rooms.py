@@ -148,13 +148,24 @@ async def rooms(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Async
         await redis_client.aclose()
 
 
+CONNECT_CONCURRENCY = 25
+"""Logins in flight at once: 200 connections log in concurrently, without a login storm."""
+
+
 @contextlib.asynccontextmanager
 async def clients(rs: RoomStack, who: list[tuple[str, str]]) -> AsyncIterator[list[QimClient]]:
+    """Connections of ``who``, in its order, opened concurrently (CONNECT_CONCURRENCY)."""
+    slots = asyncio.Semaphore(CONNECT_CONCURRENCY)
     opened: list[QimClient] = []
+
+    async def one(user: str, device: str) -> QimClient:
+        async with slots:
+            client = await rs.connect(user, device)
+            opened.append(client)
+            return client
+
     try:
-        for user, device in who:
-            opened.append(await rs.connect(user, device))
-        yield opened
+        yield list(await asyncio.gather(*(one(u, d) for u, d in who)))
     finally:
         await asyncio.gather(*(c.close() for c in opened), return_exceptions=True)
 
@@ -179,12 +190,13 @@ async def collect(client: QimClient, room_id: str, want: int) -> tuple[list[Room
 async def test_every_member_on_both_gateways_gets_every_message_of_a_burst_in_merged_batches(
     rooms: RoomStack,
 ) -> None:
-    users = [f"fan{i}" for i in range(10)]
-    who = [(u, d) for u in users for d in ("phone", "pad", "web", "tv")]  # 40 connections
+    users = [f"fan{i}" for i in range(50)]
+    who = [(u, d) for u in users for d in ("phone", "pad", "web", "tv")]  # 200 connections
     async with clients(rooms, who) as members:
+        assert len(members) == 200
         landed = {c.url for c in members}
         assert len(landed) == 2, f"all members landed on one gateway: {landed}"
-        joins = [await c.join_room("r:burst") for c in members]
+        joins = await asyncio.gather(*(c.join_room("r:burst") for c in members))
         assert all(j.events == () for j in joins)
         before = rooms.worker.get("/rooms")["broadcasts"]
         sender = members[0]
