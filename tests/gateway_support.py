@@ -21,6 +21,7 @@ from websockets.exceptions import ConnectionClosed
 from qim.gateway.auth_memory import MemoryAuthenticator
 from qim.gateway.config import GatewayConfig
 from qim.gateway.node import ConnectionNode, wall_clock_ms
+from qim.gateway.ownership.shards import ShardOwnership
 from qim.gateway.ports import Authenticator, Ownership, PresenceSink
 from qim.gateway.transport.tls import ALPN_QIM
 from qim.params import Settings
@@ -282,3 +283,19 @@ async def running_gateway(
         yield Gateway(node, mint, cert)
     finally:
         await node.stop()
+
+
+@contextlib.asynccontextmanager
+async def owning_gateway(
+    bootstrap: str, group: str, advertised: str, **gateway: Any
+) -> AsyncIterator[Gateway]:
+    """A :func:`running_gateway` that owns every ConnectionShard through its own consumer
+    group (``group``), assigned before the node starts; the ownership stops after the node."""
+    ownership = ShardOwnership(bootstrap, group, advertised)
+    await ownership.start()
+    try:
+        await asyncio.wait_for(ownership.wait_assigned(), 60)
+        async with running_gateway(ownership=ownership, kafka_bootstrap=bootstrap, **gateway) as gw:
+            yield gw
+    finally:
+        await ownership.stop()

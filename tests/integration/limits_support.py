@@ -3,36 +3,28 @@ devices on it, and the ``qim_gateway_rate_limited_total`` sample of one (tenant,
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator
 
 from qim.client import HeartbeatConfig, Identity, QimClient
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership.shards import ShardOwnership
 from qim.params import Settings
-from tests.gateway_support import Gateway, running_gateway
+from tests.gateway_support import Gateway, owning_gateway
 
 
 @contextlib.asynccontextmanager
 async def limited_gateway(stack: Stack, settings: Settings, name: str) -> AsyncIterator[Gateway]:
-    bootstrap = stack.cfg.kafka.bootstrap
-    ownership = ShardOwnership(bootstrap, f"qim-{name}-{uuid.uuid4().hex[:8]}", "ws://gw")
-    await ownership.start()
-    try:
-        await asyncio.wait_for(ownership.wait_assigned(), 60)
-        async with running_gateway(
-            ownership=ownership,
-            settings=settings,
-            node_id=name,
-            kafka_bootstrap=bootstrap,
-            route_requests=True,
-            conversation_partition_count=CONVERSATION_PARTITION_COUNT,
-        ) as gw:
-            yield gw
-    finally:
-        await ownership.stop()
+    async with owning_gateway(
+        stack.cfg.kafka.bootstrap,
+        f"qim-{name}-{uuid.uuid4().hex[:8]}",
+        "ws://gw",
+        settings=settings,
+        node_id=name,
+        route_requests=True,
+        conversation_partition_count=CONVERSATION_PARTITION_COUNT,
+    ) as gw:
+        yield gw
 
 
 @contextlib.asynccontextmanager

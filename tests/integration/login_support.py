@@ -20,9 +20,8 @@ from qim.client import HeartbeatConfig, QimClient
 from qim.client.dial import open_transport
 from qim.client.transport import Transport
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership.shards import ShardOwnership
 from qim.schemas.frames import EventType, Frame, FrameDecoder, Role, SyncEntry, UnknownFrame
-from tests.gateway_support import Gateway, running_gateway
+from tests.gateway_support import Gateway, owning_gateway
 from tests.integration.mailbox_support import Client as MailboxProbe
 from tests.integration.mailbox_support import Node as MailboxWorker
 from tests.integration.test_admin_groups import WRITER_ENV, writer_serving
@@ -41,24 +40,17 @@ def new_client(recorder: FrameRecorder | None = None) -> QimClient:
 @contextlib.asynccontextmanager
 async def syncing_gateway(stack: Stack, name: str) -> AsyncIterator[Gateway]:
     """A routing node with login sync, owning every ConnectionShard through its own group."""
-    bootstrap = stack.cfg.kafka.bootstrap
-    group = f"qim-gw-sync-{uuid.uuid4().hex[:8]}"
-    ownership = ShardOwnership(bootstrap, group, f"ws://{name}")
-    await ownership.start()
-    try:
-        await asyncio.wait_for(ownership.wait_assigned(), 60)
-        async with running_gateway(
-            ownership=ownership,
-            settings=SETTINGS,
-            node_id=name,
-            kafka_bootstrap=bootstrap,
-            route_requests=True,
-            mailbox_sync=True,
-            conversation_partition_count=CONVERSATION_PARTITION_COUNT,
-        ) as gw:
-            yield gw
-    finally:
-        await ownership.stop()
+    async with owning_gateway(
+        stack.cfg.kafka.bootstrap,
+        f"qim-gw-sync-{uuid.uuid4().hex[:8]}",
+        f"ws://{name}",
+        settings=SETTINGS,
+        node_id=name,
+        route_requests=True,
+        mailbox_sync=True,
+        conversation_partition_count=CONVERSATION_PARTITION_COUNT,
+    ) as gw:
+        yield gw
 
 
 @contextlib.asynccontextmanager

@@ -33,7 +33,6 @@ from qim.client import HeartbeatConfig, Identity, QimClient, QimError
 from qim.client.transport import Transport
 from qim.core.push import FlowState
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership.shards import ShardOwnership
 from qim.schemas.frames import (
     Error,
     ErrorCode,
@@ -43,7 +42,7 @@ from qim.schemas.frames import (
     Role,
 )
 from qim.schemas.frames.history import SessionDelta
-from tests.gateway_support import Gateway, running_gateway
+from tests.gateway_support import Gateway, owning_gateway
 from tests.integration.login_support import from_alice, pipeline
 from tests.integration.mailbox_support import Client as MailboxProbe
 from tests.integration.online_support import connect, online, until, warm_up
@@ -89,25 +88,19 @@ class RecordingDialer(StallDialer):
 
 @contextlib.asynccontextmanager
 async def degrading_gateway(stack: Stack) -> AsyncIterator[Gateway]:
-    bootstrap = stack.cfg.kafka.bootstrap
-    ownership = ShardOwnership(bootstrap, f"qim-gw-degr-{uuid.uuid4().hex[:8]}", "ws://gw")
-    await ownership.start()
-    try:
-        await asyncio.wait_for(ownership.wait_assigned(), 60)
-        async with running_gateway(
-            ownership=ownership,
-            settings=SETTINGS,
-            node_id="gw-degraded",
-            kafka_bootstrap=bootstrap,
-            route_requests=True,
-            mailbox_sync=True,
-            conversation_partition_count=CONVERSATION_PARTITION_COUNT,
-            idle_timeout_ms=600_000,  # stays DEGRADED while not reading: never closed here
-            socket_send_buffer_bytes=8 * 1024,
-        ) as gw:
-            yield gw
-    finally:
-        await ownership.stop()
+    async with owning_gateway(
+        stack.cfg.kafka.bootstrap,
+        f"qim-gw-degr-{uuid.uuid4().hex[:8]}",
+        "ws://gw",
+        settings=SETTINGS,
+        node_id="gw-degraded",
+        route_requests=True,
+        mailbox_sync=True,
+        conversation_partition_count=CONVERSATION_PARTITION_COUNT,
+        idle_timeout_ms=600_000,  # stays DEGRADED while not reading: never closed here
+        socket_send_buffer_bytes=8 * 1024,
+    ) as gw:
+        yield gw
 
 
 async def mailbox_seq_of(probe: MailboxProbe, tenant: str, message_id: bytes) -> int:

@@ -25,7 +25,6 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from qim.client import HeartbeatConfig, Identity, QimClient, QimError
 from qim.core.conversation.ids import direct_conversation_id
 from qim.devstack.stack import CONVERSATION_PARTITION_COUNT, Stack
-from qim.gateway.ownership.shards import ShardOwnership
 from qim.params import Settings
 from qim.schemas.frames import Error, ErrorCode, HistoryBatch, MemberListBatch, SendAck
 from qim.schemas.records.requests import (
@@ -41,7 +40,7 @@ from qim.schemas.records.requests import (
     encode_record,
 )
 from qim.streams.topics import CONVERSATION_REQUESTS, TO_GATEWAY
-from tests.gateway_support import Gateway, running_gateway
+from tests.gateway_support import Gateway, owning_gateway
 
 pytestmark = pytest.mark.integration
 
@@ -128,22 +127,16 @@ async def producer(stack: Stack) -> AsyncIterator[AIOKafkaProducer]:
 @contextlib.asynccontextmanager
 async def gateway(stack: Stack, name: str) -> AsyncIterator[Gateway]:
     """A routing node owning every ConnectionShard through its own consumer group."""
-    bootstrap = stack.cfg.kafka.bootstrap
-    ownership = ShardOwnership(bootstrap, f"qim-gw-routing-{uid()}", f"ws://{name}")
-    await ownership.start()
-    try:
-        await asyncio.wait_for(ownership.wait_assigned(), 60)
-        async with running_gateway(
-            ownership=ownership,
-            settings=SETTINGS,
-            node_id=name,
-            kafka_bootstrap=bootstrap,
-            route_requests=True,
-            conversation_partition_count=CONVERSATION_PARTITION_COUNT,
-        ) as gw:
-            yield gw
-    finally:
-        await ownership.stop()
+    async with owning_gateway(
+        stack.cfg.kafka.bootstrap,
+        f"qim-gw-routing-{uid()}",
+        f"ws://{name}",
+        settings=SETTINGS,
+        node_id=name,
+        route_requests=True,
+        conversation_partition_count=CONVERSATION_PARTITION_COUNT,
+    ) as gw:
+        yield gw
 
 
 @pytest.fixture(scope="module")
