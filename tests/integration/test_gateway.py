@@ -210,6 +210,20 @@ async def test_unknown_opcode_online_is_tolerated(gw: Gateway, transport: str) -
     await client.close()
 
 
+@pytest.mark.parametrize("version", [0, 7])
+@pytest.mark.parametrize("transport", TRANSPORTS)
+async def test_a_logged_in_session_with_an_unsupported_header_version_is_told_and_closed(
+    gw: Gateway, transport: str, version: int
+) -> None:
+    """§20.1 / issue 15.3: a PING of a header version the session did not negotiate gets
+    ERROR{UPGRADE_REQUIRED} (not PONG), then the connection is closed as a protocol error."""
+    client, _ok = await login(gw, transport, uid(), "d1")
+    await client.send_raw(raw_frame(0x0003, b"\x80", version=version, request_id=4))
+    bodies = await client.expect_closed()
+    assert error_codes(bodies) == [int(ErrorCode.UPGRADE_REQUIRED)]
+    assert not any(isinstance(b, Pong) for b in bodies)
+
+
 @pytest.mark.parametrize("transport", TRANSPORTS)
 async def test_auth_twice_is_permission_denied(gw: Gateway, transport: str) -> None:
     user = uid()
