@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +19,7 @@ import click
 
 from qim.bench.report import Column, markdown_table, stamp
 from qim.chaos.broker_restart import BrokerRestartParams, run_broker_restart
+from qim.chaos.soak import SoakParams, run_soak
 from qim.devstack.stack import ROOT, Stack, StackConfig
 
 __all__ = ["chaos", "write_report"]
@@ -28,14 +33,52 @@ _PARTITION_COLUMNS = [
 ]
 
 
+def _soak_lines(report: dict[str, Any]) -> list[str]:
+    load, delivery, zero = report["load"], report["delivery"], report["always_zero"]
+    rows = [
+        {
+            "at_s": f["at_s"],
+            "fault": f["fault"],
+            "process": f.get("process", "-"),
+            "result": f.get("error") or f.get("back_after_s") or f.get("outage_s") or "ok",
+        }
+        for f in report["faults"]
+    ]
+    columns = [Column(c, c) for c in ("at_s", "fault", "process", "result")]
+    return [
+        "Faults (result: seconds until the process served again, the outage, or the error):",
+        "",
+        markdown_table(columns, rows),
+        f"Load: {load['sent']} sent, {load['acked']} acked, {load['not_acked']} not acked "
+        f"within the retry budget, {load['attempts']} attempts, {load['reconnects']} "
+        f"reconnects; retries by code: {load['retry_codes'] or '-'}; churn: {load['churn']}.",
+        "",
+        f"Delivery: {delivery['lost']} of {delivery['acked_expected']} acked entries missing "
+        f"from their recipients' mailboxes, {delivery['duplicate_entries']} duplicate entries.",
+        "",
+        f"`qim audit dispatch`: exit {report['audit']['exit']} ({report['audit']['tail']}).",
+        "",
+        f"`qim replay projections --all`: exit {report['projections']['exit']}.",
+        "",
+        f"Always-zero counters: {zero['counters_checked']} checked, non-zero {zero['nonzero']}, "
+        f"pages not answering {zero['unanswered_pages']}, not exported {zero['not_exported']}.",
+        "",
+        f"Needed a manual repair: {report['needed_repair'] or 'none'}.",
+        "",
+    ]
+
+
 def write_report(out_dir: Path, report: dict[str, Any]) -> tuple[Path, Path]:
-    """The report as JSON (everything) and markdown (headline, partitions, counters)."""
+    """The report as JSON (everything) and markdown (headline, then the scenario's tables)."""
     when = stamp()
     out_dir.mkdir(parents=True, exist_ok=True)
     base = out_dir / f"{report['scenario']}-{when}"
     json_path, md_path = base.with_suffix(".json"), base.with_suffix(".md")
     json_path.write_text(json.dumps({"utc": when, **report}, indent=2) + "\n")
     lines = [f"# qim chaos {report['scenario']} ({when})", "", f"**{report['headline']}**", ""]
+    if "partitions" not in report:
+        md_path.write_text("\n".join(lines + _soak_lines(report)))
+        return json_path, md_path
     lines += ["Every conversation partition after the last restart:", ""]
     lines += [markdown_table(_PARTITION_COLUMNS, report["partitions"])]
     delivery, load = report["delivery"], report["load"]
@@ -116,6 +159,91 @@ def broker_restart(
         probe_budget_s=probe_budget_s,
     )
     report = asyncio.run(run_broker_restart(stack, params, progress=click.echo))
+    json_path, md_path = write_report(out, report)
+    click.echo(md_path.read_text())
+    click.echo(f"wrote {json_path} and {md_path}")
+    sys.exit(0 if report["ok"] else 1)
+
+
+@contextmanager
+def private_stack(keep: bool = False) -> Iterator[Stack]:
+    """Kafka, Redis, every worker and a gateway on free loopback ports under a temporary
+    folder, stopped (by pid) and removed afterwards: a run that cannot touch ``qim up``'s."""
+    base = Path(tempfile.mkdtemp(prefix="qim-chaos-"))
+    st = Stack(StackConfig(admins=()).for_tests(base))
+    try:
+        st.record_partitions()
+        st.start_services()
+        for worker in st.cfg.workers:
+            st.start_worker(worker, timeout_s=180)
+        for gateway in st.cfg.gateways:
+            st.start_gateway(gateway)
+        yield st
+    finally:
+        st.down()
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+@chaos.command("run")
+@click.option(
+    "--duration",
+    "duration_s",
+    type=float,
+    default=150.0,
+    show_default=True,
+    help="seconds of load (e.g. 3600 for the hour-long soak)",
+)
+@click.option("--fault-every", "fault_every_s", type=float, default=20.0, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True, help="the fault plan's seed")
+@click.option("--broker-restarts", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--redis-restarts", type=click.IntRange(min=0), default=0, show_default=True)
+@click.option(
+    "--pauses",
+    type=click.IntRange(min=0),
+    default=1,
+    show_default=True,
+    help="SIGSTOPs of a worker past its lease",
+)
+@click.option("--senders", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--groups", type=click.IntRange(min=0), default=1, show_default=True)
+@click.option("--group-size", type=click.IntRange(min=2), default=10, show_default=True)
+@click.option(
+    "--private",
+    is_flag=True,
+    help="run on a private stack on free ports (started and removed here) instead "
+    "of the --run-dir one",
+)
+@click.option("--keep", is_flag=True, help="with --private: keep its folder for a post-mortem")
+@click.pass_obj
+def run(
+    obj: tuple[Stack, Path],
+    duration_s: float,
+    fault_every_s: float,
+    seed: int,
+    broker_restarts: int,
+    redis_restarts: int,
+    pauses: int,
+    senders: int,
+    groups: int,
+    group_size: int,
+    private: bool,
+    keep: bool,
+) -> None:
+    """Mixed load while processes are killed and paused and Kafka / Redis restart; then
+    delivery, audit, projections and always-zero checks (exit 1 when one fails)."""
+    stack, out = obj
+    params = SoakParams(
+        duration_s=duration_s, fault_every_s=fault_every_s, seed=seed,
+        broker_restarts=broker_restarts, redis_restarts=redis_restarts, pauses=pauses,
+        senders=senders, groups=groups, group_size=group_size,
+    )  # fmt: skip
+    if private:
+        click.echo("starting a private stack")
+        with private_stack(keep) as own:
+            report = asyncio.run(run_soak(own, params, progress=click.echo))
+    else:
+        report = asyncio.run(run_soak(stack, params, progress=click.echo))
     json_path, md_path = write_report(out, report)
     click.echo(md_path.read_text())
     click.echo(f"wrote {json_path} and {md_path}")

@@ -1,22 +1,36 @@
 """Fault steps of ``qim chaos``: each ``await step.run(stack)`` injects one fault into the
-stack and returns what it did (for the report). New faults (SIGKILL a process, SIGSTOP one
-past its lease, fill a disk: issue 25) are more classes of the same shape."""
+stack and returns what it did (for the report): a broker or Redis restart, a SIGKILL of one
+qim process followed by its restart (no shutdown hook, no last commit: what a crash is), and a
+SIGSTOP past the process's lease followed by SIGCONT (a paused process must find itself fenced
+or taken over, never write as an owner it no longer is)."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
-from qim.devstack import kafka
+from qim.devstack import kafka, procs, redis
 from qim.devstack.stack import Stack
 
-__all__ = ["BrokerRestart", "Fault"]
+__all__ = [
+    "BrokerRestart",
+    "Fault",
+    "ProcessKill",
+    "ProcessPause",
+    "RedisRestart",
+    "pid_file_of",
+    "process_names",
+]
 
 
 class Fault(Protocol):
-    name: str
+    @property
+    def name(self) -> str: ...
 
     async def run(self, stack: Stack) -> dict[str, Any]: ...
 
@@ -43,3 +57,102 @@ class BrokerRestart:
             "stop_s": round(down_at - started, 2),
             "outage_s": round(up_at - down_at, 2),  # down_s plus the start
         }
+
+
+@dataclass(frozen=True)
+class RedisRestart:
+    """Stop the stack's Redis (it persists: AOF / RDB, the safety check of 15.x), keep it down
+    ``down_s``, start it again on the same data dir and port."""
+
+    down_s: float = 5.0
+    name: str = "redis-restart"
+
+    async def run(self, stack: Stack) -> dict[str, Any]:
+        cfg = stack.cfg.redis
+        stopped = await asyncio.to_thread(redis.stop, cfg)
+        down_at = time.monotonic()
+        await asyncio.sleep(self.down_s)
+        await asyncio.to_thread(redis.start, cfg)
+        return {
+            "fault": self.name,
+            "was_running": stopped,
+            "outage_s": round(time.monotonic() - down_at, 2),
+        }
+
+
+def process_names(stack: Stack) -> list[str]:
+    """Every qim process of the stack a fault may hit: workers, then gateways."""
+    return [w.name for w in stack.cfg.workers] + [g.name for g in stack.cfg.gateways]
+
+
+def pid_file_of(stack: Stack, process: str) -> Path:
+    for w in stack.cfg.workers:
+        if w.name == process:
+            return stack.cfg.base_dir / "workers" / w.name / "worker.pid"
+    for g in stack.cfg.gateways:
+        if g.name == process:
+            return stack.cfg.base_dir / "gateways" / g.name / "gateway.pid"
+    raise KeyError(f"no process {process!r} in this stack")
+
+
+async def _restart(stack: Stack, process: str) -> None:
+    for w in stack.cfg.workers:
+        if w.name == process:
+            await asyncio.to_thread(stack.start_worker, w, timeout_s=180.0)
+            return
+    for g in stack.cfg.gateways:
+        if g.name == process:
+            await asyncio.to_thread(stack.start_gateway, g, timeout_s=120.0)
+            return
+    raise KeyError(f"no process {process!r} in this stack")
+
+
+def _live_pid(stack: Stack, process: str) -> int:
+    pid = procs.read_pid(pid_file_of(stack, process))
+    if pid is None:
+        raise RuntimeError(f"{process} is not running")
+    return pid
+
+
+@dataclass(frozen=True)
+class ProcessKill:
+    """SIGKILL one qim process, wait ``down_s``, start it again and wait until it serves."""
+
+    process: str
+    down_s: float = 2.0
+    name: str = "kill-9"
+
+    async def run(self, stack: Stack) -> dict[str, Any]:
+        pid = _live_pid(stack, self.process)
+        os.kill(pid, signal.SIGKILL)
+        killed_at = time.monotonic()
+        await asyncio.to_thread(
+            procs.wait_until, lambda: not procs.pid_alive(pid), timeout_s=10.0,
+            what=f"{self.process} dead",
+        )  # fmt: skip
+        await asyncio.sleep(self.down_s)
+        await _restart(stack, self.process)
+        return {
+            "fault": self.name,
+            "process": self.process,
+            "pid": pid,
+            "back_after_s": round(time.monotonic() - killed_at, 2),
+        }
+
+
+@dataclass(frozen=True)
+class ProcessPause:
+    """SIGSTOP one qim process for ``paused_s`` (longer than its lease), then SIGCONT it."""
+
+    process: str
+    paused_s: float = 12.0
+    name: str = "sigstop"
+
+    async def run(self, stack: Stack) -> dict[str, Any]:
+        pid = _live_pid(stack, self.process)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            await asyncio.sleep(self.paused_s)
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        return {"fault": self.name, "process": self.process, "pid": pid, "paused_s": self.paused_s}

@@ -31,12 +31,21 @@ from qim.client import (
     QimClient,
     QimError,
     RequestTimeout,
+    TransportError,
     login_and_sync,
     retry_delay_ms,
 )
 from qim.schemas.frames import ErrorCode
 
-__all__ = ["Accounting", "Outcome", "Sender", "check_delivery", "mailbox_cmids", "steady_load"]
+__all__ = [
+    "Accounting",
+    "Outcome",
+    "Sender",
+    "check_delivery",
+    "group_load",
+    "mailbox_cmids",
+    "steady_load",
+]
 
 clock = time.monotonic
 
@@ -91,7 +100,10 @@ class Sender:
             token = self.target.token(self.tenant, self.user, self.device)
             try:
                 result = await login_and_sync(new_client(), self.target.ws_url, token, self.device)
-            except (QimError, RequestTimeout, ConnectionClosedError, OSError, TimeoutError):
+            except (
+                QimError, RequestTimeout, ConnectionClosedError, TransportError, OSError,
+                TimeoutError,
+            ):  # fmt: skip
                 if clock() + delay > deadline:
                     raise
                 await asyncio.sleep(delay)
@@ -113,7 +125,17 @@ class Sender:
             self.reconnects += 1
             await self.connect(within_s)
 
-    async def send(self, peer: str, cmid: str, payload: bytes, budget_s: float) -> Outcome:
+    async def send(
+        self,
+        peer: str,
+        cmid: str,
+        payload: bytes,
+        budget_s: float,
+        *,
+        conversation_id: str | None = None,
+    ) -> Outcome:
+        """One message to ``peer`` (one-to-one) or, with ``conversation_id``, to that group,
+        retried as the module docstring says."""
         started = clock()
         deadline = started + budget_s
         outcome = Outcome(False, 0, 0.0)
@@ -124,9 +146,15 @@ class Sender:
             try:
                 if client is None:
                     raise ConnectionClosedError("not connected")
-                await client.send_direct(
-                    peer, payload, client_message_id=cmid, timeout=self.ack_timeout_s
-                )
+                if conversation_id is None:
+                    await client.send_direct(
+                        peer, payload, client_message_id=cmid, timeout=self.ack_timeout_s
+                    )
+                else:
+                    await client.send_message(
+                        conversation_id, payload, client_message_id=cmid,
+                        timeout=self.ack_timeout_s,
+                    )  # fmt: skip
             except QimError as exc:
                 outcome.codes[exc.name] += 1
                 if exc.code in FINAL_CODES:
@@ -138,7 +166,7 @@ class Sender:
                 delay = ms / 1000
             except RequestTimeout:
                 outcome.codes["TIMEOUT"] += 1
-            except (ConnectionClosedError, IllegalTransition, OSError):
+            except (ConnectionClosedError, TransportError, IllegalTransition, OSError):
                 outcome.codes["CLOSED"] += 1
                 remaining = deadline - clock()
                 if remaining <= 0:
@@ -168,6 +196,8 @@ class Accounting:
     """Every message of a run: to whom, acknowledged or not, and the errors its retries met."""
 
     sent: dict[str, str] = field(default_factory=dict)  # cmid -> recipient
+    members: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    """cmid -> every recipient of a group message (its ``sent`` value is the group)."""
     acked: set[str] = field(default_factory=set)
     unacked: dict[str, dict[str, int]] = field(default_factory=dict)
     codes: Counter[str] = field(default_factory=Counter)
@@ -183,11 +213,16 @@ class Accounting:
         else:
             self.unacked[cmid] = dict(outcome.codes)
 
+    def record_group(self, cmid: str, group: str, members: Sequence[str], outcome: Outcome) -> None:
+        self.members[cmid] = tuple(members)
+        self.record(cmid, group, outcome)
+
     def expected(self) -> dict[str, set[str]]:
         """recipient -> the acknowledged messages it must have."""
         out: dict[str, set[str]] = {}
         for cmid in self.acked:
-            out.setdefault(self.sent[cmid], set()).add(cmid)
+            for user in self.members.get(cmid, (self.sent[cmid],)):
+                out.setdefault(user, set()).add(cmid)
         return out
 
     def summary(self) -> dict[str, Any]:
@@ -239,6 +274,35 @@ async def steady_load(
     await asyncio.gather(*tasks)
 
 
+async def group_load(
+    sender: Sender,
+    group: str,
+    members: Sequence[str],
+    accounting: Accounting,
+    stop: asyncio.Event,
+    *,
+    tag: str,
+    interval_s: float = 1.0,
+    budget_s: float = 60.0,
+    payload_bytes: int = 64,
+) -> None:
+    """One lane of group messages ``<tag>-<n>`` from ``sender`` into ``group`` until ``stop``;
+    each acked one must reach every one of ``members``."""
+    n = 0
+    while not stop.is_set():
+        cmid = f"{tag}-{n}"
+        n += 1
+        began = clock()
+        outcome = await sender.send(
+            group, cmid, payload_for(cmid, payload_bytes), budget_s, conversation_id=group
+        )
+        accounting.record_group(cmid, group, members, outcome)
+        rest = interval_s - (clock() - began)
+        if rest > 0:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), rest)
+
+
 async def mailbox_cmids(
     target: Target, tenant: str, user: str, *, device: str = "chaos-check"
 ) -> Counter[str]:
@@ -278,7 +342,7 @@ async def check_delivery(
             await pacer.wait()
             try:
                 found = await mailbox_cmids(target, tenant, user)
-            except (QimError, RequestTimeout, ConnectionClosedError, OSError):
+            except (QimError, RequestTimeout, ConnectionClosedError, TransportError, OSError):
                 continue
             reads += 1
             missing[user] = expected[user] - found.keys()

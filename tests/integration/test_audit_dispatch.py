@@ -41,6 +41,7 @@ from qim.client.heartbeat import HeartbeatConfig
 from qim.core.mailbox import keys as mkeys
 from qim.devstack import procs
 from qim.devstack.stack import ROOT, Stack
+from qim.observability.always_zero import ALWAYS_ZERO, always_zero_samples
 from qim.tables.mailbox_store import MailboxStore
 from tests.integration.mailbox_support import Client as DispatchClient
 from tests.integration.mailbox_support import Node as MailboxWorker
@@ -69,24 +70,6 @@ TENANT_ENV = {
             }
         }
     )
-}
-ALWAYS_ZERO: dict[str, tuple[str, ...]] = {
-    # per process, every always-zero counter it exports: 24.1.5 and our own invariants of the
-    # fold and the fanout. Each must be declared on its page (a missing one fails the test);
-    # a labelled counter that was never incremented has its declaration and no sample: 0.
-    # silent_gap_detected_total and event_id_nondeterminism_total are exported by no process
-    # yet (qim/observability/names.py says why), so they are not listed here. Each listed one
-    # moves on an injected violation: tests/unit/observability/test_always_zero.py.
-    "mailbox": (
-        "mailbox_seq_regression_count",
-        "mailbox_cursor_rebase_count_total",  # the spec name, as prometheus_client exports it
-        "lane_watermark_regression_total",
-        "dispatch_misrouted_total",
-        "member_slice_invalid_total",
-        "stale_epoch_dispatch_dropped_total",
-    ),
-    "conversation": ("qim_fanout_stalled_total",),
-    "gateway": ("cursor_advanced_by_push_total",),
 }
 
 
@@ -199,21 +182,6 @@ def scrape(url: str) -> str | None:
             return str(response.read().decode())
     except (urllib.error.HTTPError, OSError):
         return None
-
-
-def always_zero_samples(text: str, names: tuple[str, ...]) -> dict[str, float]:
-    """Every sample of ``names`` on a /metrics page; a name the page does not declare fails."""
-    declared = {line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")}
-    missing = [n for n in names if n not in declared and n.removesuffix("_total") not in declared]
-    assert not missing, f"not exported: {missing}"
-    out = {}
-    for line in text.splitlines():
-        if line.startswith("#") or not line.strip():
-            continue
-        name_labels, _, value = line.rpartition(" ")
-        if name_labels.split("{", 1)[0] in names:
-            out[name_labels] = float(value)
-    return out
 
 
 @pytest.fixture

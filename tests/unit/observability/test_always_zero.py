@@ -1,7 +1,7 @@
 """Every always-zero counter moves when its violation is injected (issue 25, spec 24.1.5).
 
 A counter that is 0 because nothing can increment it proves nothing, so each one the
-audit test (``tests/integration/test_audit_dispatch.py`` ``ALWAYS_ZERO``) requires to be 0 is
+audit test and ``qim chaos`` require to be 0 (``qim/observability/always_zero.py``) is
 driven here through the code path that detects its violation, on the registry of the process
 that exports it: the fold's counters through ``materialize`` and ``MailboxMetrics.on_batch``
 (mailbox), ``qim_fanout_stalled_total`` through the coordinator's ``feed_live``
