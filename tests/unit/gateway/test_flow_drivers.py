@@ -87,7 +87,11 @@ async def test_a_non_reading_client_is_degraded_and_recovers_once_it_reads(
             frames = await read_all(client, conn)  # the client reads again
             assert conn.session.flow_state is FlowState.NORMAL, user
             errors = [f.body for f in frames if isinstance(f.body, Error)]
-            assert [e.code for e in errors] == [ErrorCode.MAILBOX_DIRTY], user
+            # one MAILBOX_DIRTY per degradation: on a loaded machine a first one can end during
+            # the flood's pauses (the peer's kernel receive buffer still takes bytes) and the
+            # flood degrades it again; never any other ERROR
+            codes = [e.code for e in errors]
+            assert codes and set(codes) == {ErrorCode.MAILBOX_DIRTY}, (user, codes)
             got = [e.mailbox_seq for f in frames if isinstance(f.body, PushEvents)
                    for e in f.body.events]  # fmt: skip
             assert got == sorted(got) and 0 < len(got) < pushed, user  # in order, some dropped
