@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -19,6 +20,7 @@ import click
 
 from qim.bench.report import Column, markdown_table, stamp
 from qim.chaos.broker_restart import BrokerRestartParams, run_broker_restart
+from qim.chaos.fuzz import FuzzParams, run_fuzz
 from qim.chaos.soak import SoakParams, run_soak
 from qim.devstack.stack import ROOT, Stack, StackConfig
 
@@ -76,6 +78,16 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> tuple[Path, Path]:
     json_path, md_path = base.with_suffix(".json"), base.with_suffix(".md")
     json_path.write_text(json.dumps({"utc": when, **report}, indent=2) + "\n")
     lines = [f"# qim chaos {report['scenario']} ({when})", "", f"**{report['headline']}**", ""]
+    if report["scenario"] == "chaos-fuzz":
+        lines += [
+            f"Frames by kind: {report['frames_by_kind']}.", "",
+            f"Replies by opcode: {report['replies_by_opcode']}.", "",
+            f"Closes by WebSocket code: {report['closes_by_code']}.", "",
+            f"Observer: {report['observer']}.", "",
+            f"Gateway RSS (bytes): {report['gateway_rss_bytes']}.", "",
+        ]  # fmt: skip
+        md_path.write_text("\n".join(lines))
+        return json_path, md_path
     if "partitions" not in report:
         md_path.write_text("\n".join(lines + _soak_lines(report)))
         return json_path, md_path
@@ -166,12 +178,25 @@ def broker_restart(
 
 
 @contextmanager
-def private_stack(keep: bool = False) -> Iterator[Stack]:
+def private_stack(
+    keep: bool = False, disk_limited: tuple[str, ...] = (), disk_mb: int = 512
+) -> Iterator[Stack]:
     """Kafka, Redis, every worker and a gateway on free loopback ports under a temporary
-    folder, stopped (by pid) and removed afterwards: a run that cannot touch ``qim up``'s."""
+    folder, stopped (by pid) and removed afterwards: a run that cannot touch ``qim up``'s.
+    Each worker of ``disk_limited`` gets a ``disk_mb`` tmpfs as its data dir (root only), so
+    a DiskFull fault fills that and nothing else."""
     base = Path(tempfile.mkdtemp(prefix="qim-chaos-"))
     st = Stack(StackConfig(admins=()).for_tests(base))
+    mounted: list[Path] = []
     try:
+        for name in disk_limited:
+            data = base / "workers" / name / "data"
+            data.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m", "tmpfs", str(data)],
+                check=True, capture_output=True,
+            )  # fmt: skip
+            mounted.append(data)
         st.record_partitions()
         st.start_services()
         for worker in st.cfg.workers:
@@ -181,6 +206,8 @@ def private_stack(keep: bool = False) -> Iterator[Stack]:
         yield st
     finally:
         st.down()
+        for data in mounted:
+            subprocess.run(["umount", str(data)], check=False, capture_output=True)
         if not keep:
             shutil.rmtree(base, ignore_errors=True)
 
@@ -206,8 +233,29 @@ def private_stack(keep: bool = False) -> Iterator[Stack]:
     help="SIGSTOPs of a worker past its lease",
 )
 @click.option("--senders", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--groups", type=click.IntRange(min=0), default=1, show_default=True)
-@click.option("--group-size", type=click.IntRange(min=2), default=10, show_default=True)
+@click.option(
+    "--group-size",
+    "group_sizes",
+    type=click.IntRange(min=2),
+    multiple=True,
+    default=(10,),
+    show_default=True,
+    help="one group of this size (repeatable)",
+)
+@click.option(
+    "--disk-fulls",
+    type=click.IntRange(min=0),
+    default=0,
+    show_default=True,
+    help="fills of --disk-full's data disk to ENOSPC (needs --private and root)",
+)
+@click.option(
+    "--disk-full",
+    "disk_full",
+    default="mailbox-1",
+    show_default=True,
+    help="the worker whose data dir becomes a small tmpfs for --disk-fulls",
+)
 @click.option(
     "--private",
     is_flag=True,
@@ -225,8 +273,9 @@ def run(
     redis_restarts: int,
     pauses: int,
     senders: int,
-    groups: int,
-    group_size: int,
+    group_sizes: tuple[int, ...],
+    disk_fulls: int,
+    disk_full: str,
     private: bool,
     keep: bool,
 ) -> None:
@@ -236,14 +285,42 @@ def run(
     params = SoakParams(
         duration_s=duration_s, fault_every_s=fault_every_s, seed=seed,
         broker_restarts=broker_restarts, redis_restarts=redis_restarts, pauses=pauses,
-        senders=senders, groups=groups, group_size=group_size,
+        senders=senders, group_sizes=tuple(group_sizes), disk_fulls=disk_fulls,
     )  # fmt: skip
+    if disk_fulls and not private:
+        raise click.UsageError("--disk-fulls needs --private (it mounts a tmpfs data dir)")
     if private:
         click.echo("starting a private stack")
-        with private_stack(keep) as own:
-            report = asyncio.run(run_soak(own, params, progress=click.echo))
+        limited = (disk_full,) if disk_fulls else ()
+        with private_stack(keep, disk_limited=limited) as own:
+            report = asyncio.run(
+                run_soak(own, params, disk_limited=list(limited), progress=click.echo)
+            )
     else:
         report = asyncio.run(run_soak(stack, params, progress=click.echo))
+    json_path, md_path = write_report(out, report)
+    click.echo(md_path.read_text())
+    click.echo(f"wrote {json_path} and {md_path}")
+    sys.exit(0 if report["ok"] else 1)
+
+
+@chaos.command("fuzz")
+@click.option("--frames", type=click.IntRange(min=1), default=1_000_000, show_default=True)
+@click.option("--connections", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--seed", type=int, default=1, show_default=True)
+@click.option("--private", is_flag=True, help="run on a private stack on free ports")
+@click.pass_obj
+def fuzz(obj: tuple[Stack, Path], frames: int, connections: int, seed: int, private: bool) -> None:
+    """Frames from an independent generator into the gateway while a well-behaved client
+    must keep being served; exit 1 if the gateway died, leaked or left the client unserved."""
+    stack, out = obj
+    params = FuzzParams(frames=frames, connections=connections, seed=seed)
+    if private:
+        click.echo("starting a private stack")
+        with private_stack() as own:
+            report = asyncio.run(run_fuzz(own, params, progress=click.echo))
+    else:
+        report = asyncio.run(run_fuzz(stack, params, progress=click.echo))
     json_path, md_path = write_report(out, report)
     click.echo(md_path.read_text())
     click.echo(f"wrote {json_path} and {md_path}")

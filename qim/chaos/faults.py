@@ -2,7 +2,8 @@
 stack and returns what it did (for the report): a broker or Redis restart, a SIGKILL of one
 qim process followed by its restart (no shutdown hook, no last commit: what a crash is), and a
 SIGSTOP past the process's lease followed by SIGCONT (a paused process must find itself fenced
-or taken over, never write as an owner it no longer is)."""
+or taken over, never write as an owner it no longer is), and a full data disk of one worker
+(its data dir is a small tmpfs the private stack mounted: filled to ENOSPC, held, freed)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ from qim.devstack.stack import Stack
 
 __all__ = [
     "BrokerRestart",
+    "DiskFull",
     "Fault",
     "ProcessKill",
     "ProcessPause",
@@ -156,3 +158,55 @@ class ProcessPause:
         finally:
             os.kill(pid, signal.SIGCONT)
         return {"fault": self.name, "process": self.process, "pid": pid, "paused_s": self.paused_s}
+
+
+@dataclass(frozen=True)
+class DiskFull:
+    """Fill the filesystem of one worker's data dir to ENOSPC, hold it ``hold_s``, free it.
+
+    The data dir must be its own small filesystem (``qim chaos run --private --disk-full W``
+    mounts a tmpfs there before the worker starts), or this would fill the machine's disk:
+    a data dir on the same device as the stack folder is refused. A worker that exits on the
+    error is started again, as its supervisor would (reported as ``restarted``); one that
+    stays up must recover by itself once the space is back."""
+
+    process: str
+    hold_s: float = 15.0
+    name: str = "disk-full"
+
+    async def run(self, stack: Stack) -> dict[str, Any]:
+        data = stack.cfg.base_dir / "workers" / self.process / "data"
+        if os.stat(data).st_dev == os.stat(stack.cfg.base_dir).st_dev:
+            raise RuntimeError(f"{data} is not a filesystem of its own: not filling it")
+        pid = _live_pid(stack, self.process)
+        ballast = data / "chaos-ballast"
+        filled = await asyncio.to_thread(_fill, ballast)
+        try:
+            await asyncio.sleep(self.hold_s)
+        finally:
+            ballast.unlink(missing_ok=True)
+        restarted = not procs.pid_alive(pid)
+        if restarted:
+            await _restart(stack, self.process)
+        return {
+            "fault": self.name,
+            "process": self.process,
+            "filled_bytes": filled,
+            "held_s": self.hold_s,
+            "restarted": restarted,
+        }
+
+
+def _fill(path: Path, chunk: int = 1 << 20) -> int:
+    """Write ``path`` until the filesystem says ENOSPC; the bytes written."""
+    written = 0
+    block = b"\0" * chunk
+    with path.open("wb", buffering=0) as f:
+        while True:
+            try:
+                written += f.write(block) or 0
+            except OSError:
+                break
+            if written % (64 * chunk) == 0:
+                os.fsync(f.fileno())
+    return written

@@ -173,7 +173,8 @@ class Sender:
                     break
                 try:
                     await self._reconnect(generation, remaining)
-                except Exception:
+                except Exception as exc:  # out of budget, or a failure no retry fixes
+                    outcome.codes[f"reconnect:{type(exc).__name__}"] += 1
                     break
                 continue
             else:
@@ -234,6 +235,9 @@ class Accounting:
             "attempts": self.attempts,
             "retry_codes": dict(sorted(self.codes.items())),
             "acked_per_s": round(len(self.acked) / seconds, 2),
+            "not_acked_codes": dict(
+                sorted(sum(map(Counter, self.unacked.values()), Counter()).items())
+            ),
         }
 
 

@@ -1,8 +1,8 @@
 """``qim chaos run``: a steady mixed SDK load while qim processes are SIGKILLed, paused past
 their lease, and Kafka and Redis restart; then the release gate of 26.8 (issue 25).
 
-1. log the senders in, one group per ``groups`` created by its first sender with
-   ``group_size`` members;
+1. log the senders in; one group per ``group_sizes`` entry, of that many members, created by
+   a sender;
 2. run, for ``duration_s``: one-to-one lanes (:func:`~qim.chaos.load.steady_load`), one group
    lane per group (:func:`~qim.chaos.load.group_load`), and a churn lane that logs a
    recipient in on a fresh device, loads its session list, marks its top row read and logs
@@ -18,8 +18,7 @@ their lease, and Kafka and Redis restart; then the release gate of 26.8 (issue 2
      recount from the entries) exits 0;
    - **no repair**: every fault's process came back by itself (a fault that raised is named).
 
-``ok`` is all of them. Not covered yet (issue 25 left open on them): recalls in the load, and
-the full data disk.
+``ok`` is all of them. Not covered yet: recalls and edits in the load.
 """
 
 from __future__ import annotations
@@ -39,7 +38,14 @@ from typing import Any
 
 from qim.bench.loadgen import new_client
 from qim.bench.target import Target
-from qim.chaos.faults import BrokerRestart, Fault, ProcessKill, ProcessPause, RedisRestart
+from qim.chaos.faults import (
+    BrokerRestart,
+    DiskFull,
+    Fault,
+    ProcessKill,
+    ProcessPause,
+    RedisRestart,
+)
 from qim.chaos.load import Accounting, Sender, check_delivery, group_load, steady_load
 from qim.client import login_and_sync
 from qim.devstack.stack import ROOT, Stack
@@ -59,6 +65,8 @@ class SoakParams:
     broker_restarts: int = 1
     redis_restarts: int = 0
     pauses: int = 1
+    disk_fulls: int = 0
+    disk_full_s: float = 15.0
     pause_s: float = 20.0  # past shard_lease_ttl (B.1, 15 s)
     kill_down_s: float = 2.0
     broker_down_s: float = 10.0
@@ -67,8 +75,8 @@ class SoakParams:
     lanes_per_sender: int = 1
     interval_s: float = 0.5
     peers: int = 8
-    groups: int = 1
-    group_size: int = 10
+    group_sizes: tuple[int, ...] = (10,)
+    """one group per size, each with one lane of messages"""
     group_interval_s: float = 1.0
     churn_every_s: float = 2.0
     delivery_within_s: float = 180.0
@@ -77,7 +85,10 @@ class SoakParams:
 
 
 def plan_faults(
-    params: SoakParams, processes: list[str], pausable: list[str]
+    params: SoakParams,
+    processes: list[str],
+    pausable: list[str],
+    disk_limited: list[str] | None = None,
 ) -> list[tuple[float, Fault]]:
     """``(seconds after the start, fault)``: one slot every ``fault_every_s`` strictly inside
     the run; the broker restarts, Redis restarts and pauses spread evenly over the slots, every
@@ -93,6 +104,11 @@ def plan_faults(
     special += [
         ProcessPause(pausable[i % len(pausable)], params.pause_s)
         for i in range(params.pauses if pausable else 0)
+    ]
+    full = disk_limited or []
+    special += [
+        DiskFull(full[i % len(full)], params.disk_full_s)
+        for i in range(params.disk_fulls if full else 0)
     ]
     if len(special) > len(slots):
         raise ValueError(f"{len(special)} special faults do not fit in {len(slots)} slots")
@@ -210,6 +226,7 @@ async def run_soak(
     stack: Stack,
     params: SoakParams,
     *,
+    disk_limited: list[str] | None = None,
     progress: Callable[[str], None] = print,
 ) -> dict[str, Any]:
     """Steps 1-3 of the module docstring against ``stack``'s running processes."""
@@ -220,20 +237,20 @@ async def run_soak(
     peers = [f"{tag}r{i}" for i in range(params.peers)]
     processes = [w.name for w in cfg.workers] + [g.name for g in cfg.gateways]
     pausable = [w.name for w in cfg.workers if w.module in _KIND_OF_MODULE]
-    plan = plan_faults(params, processes, pausable)
+    plan = plan_faults(params, processes, pausable, disk_limited)
     progress(
-        f"{len(users)} senders, {len(peers)} peers, {params.groups} groups of "
-        f"{params.group_size}; {len(plan)} faults over {params.duration_s:g} s"
+        f"{len(users)} senders, {len(peers)} peers, groups of {list(params.group_sizes)}; "
+        f"{len(plan)} faults over {params.duration_s:g} s"
     )
 
     senders = [Sender(target, params.tenant, u) for u in users]
     for sender in senders:
         await sender.connect()
     groups: list[tuple[Sender, str, list[str]]] = []
-    for g in range(params.groups):
+    for g, size in enumerate(params.group_sizes):
         owner = senders[g % len(senders)]
         group_id = f"g:{tag}-{g}"
-        members = [f"{tag}g{g}m{i}" for i in range(params.group_size - 1)]
+        members = [f"{tag}g{g}m{i}" for i in range(size - 1)]
         assert owner.client is not None
         await owner.client.create_group(group_id, tuple(members), timeout=60.0)
         groups.append((owner, group_id, members))

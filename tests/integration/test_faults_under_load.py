@@ -1,4 +1,7 @@
-"""Every producer recovers by itself from broker restarts under traffic (issue 15, item 1).
+"""Faults under load on one private stack: broker restarts (issue 15, item 1), then a fuzz run
+and the CI-sized ``qim chaos run`` (issue 25). They share the stack to save its start.
+
+Every producer recovers by itself from broker restarts under traffic.
 
 The whole stack (conversation and mailbox workers, a gateway) runs on a private Kafka, which
 this module restarts several times on the same data dir and ports while SDK senders keep
@@ -8,6 +11,18 @@ message must be in its recipient's mailbox, each process's producer-replaced cou
 moved exactly as often as it logged a replacement, and the gateway's RSS must be back below a
 bound once the senders are gone.
 
+Then ``qim chaos fuzz``, CI-sized: frames from the independent generator into the gateway
+while a well-behaved client must be answered throughout, the gateway alive and its RSS back
+within a bound afterwards (the 10^6-frame run is ``qim chaos fuzz``).
+
+Last, ``qim chaos run``, CI-sized: a mixed SDK load (one-to-one lanes, a 10-member group,
+logins with mark-read) while a seeded plan SIGKILLs qim processes and restarts them, pauses the
+writer or the MailboxNode past its lease, and restarts Kafka once. The run's own end checks
+must all hold: every acked message in each recipient's mailbox exactly once, ``qim audit
+dispatch`` clean, ``qim replay projections --all`` clean, every always-zero counter 0 on every
+page, and every process back by itself. The hour-long run is ``qim chaos run --duration 3600``
+(bench/README.md).
+
 Its own stack, not the session's: restarting the session broker would fail other tests.
 """
 
@@ -15,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -33,7 +49,9 @@ from qim.chaos.broker_restart import (
     run_broker_restart,
 )
 from qim.chaos.cli import write_report
+from qim.chaos.fuzz import CLOSING, FuzzParams, run_fuzz
 from qim.chaos.load import Sender
+from qim.chaos.soak import SoakParams, run_soak
 from qim.devstack.stack import Stack, StackConfig, default_partition_counts
 from qim.streams import OUTBOX
 
@@ -133,6 +151,41 @@ async def test_after_the_restarts_the_writers_restore_still_fences_a_former_prod
     writer = next(w for w in own_stack.cfg.workers if w.module == "qim.apps.conversation")
     counters = replacement_counters({"c": f"http://127.0.0.1:{writer.web_port}/metrics"})
     assert counters.get("c writer ProducerFenced", 0) >= 1, counters
+
+
+@pytest.mark.timeout(600)
+async def test_fuzz_frames_never_kill_the_gateway_and_a_good_client_is_served_throughout(
+    own_stack: Stack,
+) -> None:
+    report = await run_fuzz(own_stack, FuzzParams(frames=20_000, connections=2, seed=25))
+    assert report["gateway_alive"]
+    observer = report["observer"]
+    assert observer["pings"] > 0 and observer["sends"] > 0 and not observer["failures"], observer
+    assert sum(report["frames_by_kind"].values()) == 20_000
+    assert any(report["frames_by_kind"].get(k) for k in CLOSING)  # some closing kinds were sent
+    assert report["replies_by_opcode"].get("0x0007", 0) > 0  # ERROR answers came back
+    rss = report["gateway_rss_bytes"]
+    assert rss["after"] - rss["before"] <= FuzzParams.rss_growth_bound, rss
+    assert report["ok"]
+
+
+@pytest.mark.timeout(1500)
+async def test_kills_a_pause_and_a_broker_restart_under_load_lose_nothing_and_leave_no_finding(
+    own_stack: Stack,
+) -> None:
+    params = SoakParams(duration_s=100, fault_every_s=16, seed=25, broker_restarts=1, pauses=1)
+    report = await run_soak(own_stack, params)
+    faults = Counter(f["fault"] for f in report["faults"] if "error" not in f)
+    assert report["needed_repair"] == [], report["needed_repair"]
+    assert faults["kill-9"] >= 3 and faults["broker-restart"] == 1 and faults["sigstop"] == 1
+    delivery = report["delivery"]
+    assert delivery["acked_expected"] > 0
+    assert (delivery["lost"], delivery["duplicate_entries"]) == (0, 0), delivery
+    assert report["audit"]["exit"] == 0, report["audit"]
+    assert report["projections"]["exit"] == 0, report["projections"]
+    zero = report["always_zero"]
+    assert zero["counters_checked"] > 0 and zero["ok"], zero
+    assert report["ok"]
 
 
 async def committed_values(bootstrap: str, topic: str, partition: int) -> list[bytes]:
