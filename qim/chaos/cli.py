@@ -35,6 +35,21 @@ _PARTITION_COLUMNS = [
 ]
 
 
+def _fault_result(f: dict[str, Any]) -> str:
+    if "error" in f:
+        return f"FAILED: {f['error']}"
+    if "filled_bytes" in f:
+        how = "restarted" if f["restarted"] else "stayed up"
+        return f"filled {f['filled_bytes'] // 2**20} MiB, held {f['held_s']:g} s, {how}"
+    if "back_after_s" in f:
+        return f"serving again after {f['back_after_s']} s"
+    if "outage_s" in f:
+        return f"outage {f['outage_s']} s"
+    if "paused_s" in f:
+        return f"paused {f['paused_s']:g} s"
+    return "ok"
+
+
 def _soak_lines(report: dict[str, Any]) -> list[str]:
     load, delivery, zero = report["load"], report["delivery"], report["always_zero"]
     rows = [
@@ -42,13 +57,13 @@ def _soak_lines(report: dict[str, Any]) -> list[str]:
             "at_s": f["at_s"],
             "fault": f["fault"],
             "process": f.get("process", "-"),
-            "result": f.get("error") or f.get("back_after_s") or f.get("outage_s") or "ok",
+            "result": _fault_result(f),
         }
         for f in report["faults"]
     ]
     columns = [Column(c, c) for c in ("at_s", "fault", "process", "result")]
     return [
-        "Faults (result: seconds until the process served again, the outage, or the error):",
+        "Faults:",
         "",
         markdown_table(columns, rows),
         f"Load: {load['sent']} sent, {load['acked']} acked, {load['not_acked']} not acked "
