@@ -25,6 +25,7 @@ from qim.schemas.records import (
     GroupDispatch,
     MessageAmended,
     MessageCommitted,
+    ReactionSummary,
     conversation_key,
     encode_dispatch_record,
 )
@@ -62,8 +63,9 @@ def feed_live(
 
 
 def dispatch_key(record: DispatchLogRecord) -> bytes:
-    """``(tenant, dispatch_id)`` for a dispatch; a member slice keys like the writer's."""
-    if isinstance(record, GroupDispatch):
+    """``(tenant, dispatch_id)`` for a dispatch, ``(tenant, message_id)`` for a reaction
+    summary; a member slice keys like the writer's."""
+    if isinstance(record, GroupDispatch | ReactionSummary):
         return record.key
     return conversation_key(record.tenant_id, record.group_id)
 

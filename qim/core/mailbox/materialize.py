@@ -32,6 +32,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import msgspec
+
 from qim.core.mailbox import keys
 from qim.core.mailbox.amend import amend_target, amended
 from qim.core.mailbox.config import DAY_MS, MailboxConfig
@@ -67,6 +69,7 @@ from qim.core.membership.slices import ShardSlice
 from qim.schemas.events import EventType
 from qim.schemas.records.dispatch import (
     GroupDispatch,
+    ReactionSummary,
     ShardLogRecord,
     decode_dispatch_record,
     encode_dispatch_record,
@@ -138,6 +141,8 @@ class _Fold:
             self._slice(record)
         elif isinstance(record, UserStateCommand):
             self._user_state(seq, record)
+        elif isinstance(record, ReactionSummary):
+            self._reaction(record)
         else:  # a kind this build does not know yet: occupies its offset, changes nothing
             self.metrics["unknown_record_total"] += 1
 
@@ -277,11 +282,38 @@ class _Fold:
             payload=d.payload,
         )
         bkey = keys.body_key(d.tenant_id, d.message_id)
+        raw = self.kv.get(bkey)
+        if raw is not None:  # a re-applied dispatch keeps the aggregate the copy already has
+            kept = decode_value(raw, StoredBody)
+            body = msgspec.structs.replace(
+                body, reaction_counts=kept.reaction_counts, summary_version=kept.summary_version
+            )
         self.kv.put(bkey, encode_value(body))
         expire = expiry_at(d.committed_at, self.config.retention_days(d.tenant_id))
         if d.retention_class == "ephemeral_24h":  # 7.1: gone after 24 h, references too
             expire = min(expire, d.committed_at + DAY_MS)
         self.kv.put(keys.expiry_key(expire, bkey), b"")
+
+    def _reaction(self, r: ReactionSummary) -> None:
+        """A newer aggregate onto the shard's body copy (13.6, 18.3.1); no entry, no count, no
+        push (INV-36). A message this shard holds no copy of (expired, not yet here, another
+        shard's) is left alone; an older or repeated version changes nothing."""
+        if r.target_mailbox_shard != self.config.mailbox_shard:
+            self.metrics["dispatch_misrouted_total"] += 1
+            return
+        bkey = keys.body_key(r.tenant_id, r.message_id)
+        raw = self.kv.get(bkey)
+        if raw is None:
+            return
+        body = decode_value(raw, StoredBody)
+        if r.summary_version <= body.summary_version or body.conversation_id != r.conversation_id:
+            return
+        new = msgspec.structs.replace(
+            body,
+            reaction_counts=dict(sorted((k, v) for k, v in r.counts.items() if v > 0)),
+            summary_version=r.summary_version,
+        )
+        self.kv.put(bkey, encode_value(new))
 
     def _keep_facts(self, seq: int, d: GroupDispatch) -> None:
         """The session recount's copy of the message (``session_store.StoredFacts``), expiring

@@ -28,6 +28,7 @@ from qim.core.mailbox.values import (
 )
 from qim.schemas.events import EventType
 from qim.schemas.frames.mailbox import SyncEntry
+from qim.schemas.frames.reactions import MessageReactions
 from qim.schemas.seqs import MAX_COUNTER, MAX_EPOCH
 
 __all__ = ["StoreMailboxReader", "join_bodies", "sync_entry"]
@@ -142,7 +143,7 @@ def join_bodies(
             if removed[entry.message_id]:
                 out.append(_without_body(entry))
                 continue
-        if entry.body_included:
+        if entry.body_included and entry.event_type != EventType.MESSAGE:
             out.append(entry)
             continue
         if entry.message_id not in bodies:
@@ -150,6 +151,12 @@ def join_bodies(
         body = bodies[entry.message_id]
         if body is None:
             out.append(entry)
+            continue
+        reactions = _reactions(body) if entry.event_type == EventType.MESSAGE else None
+        if entry.body_included:  # inline: its body stays as written, the aggregate is joined
+            out.append(
+                entry if reactions is None else msgspec.structs.replace(entry, reactions=reactions)
+            )
             continue
         out.append(
             msgspec.structs.replace(
@@ -159,9 +166,18 @@ def join_bodies(
                 custom_type=body.custom_type or None,
                 schema_version=body.schema_version,
                 payload_or_ciphertext=body.payload,
+                reactions=reactions,
             )
         )
     return out
+
+
+def _reactions(body: StoredBody) -> MessageReactions | None:
+    """The copy's aggregate as the frame carries it; None when nobody has reacted (or every
+    reaction was removed and the copy never saw a version)."""
+    if body.summary_version == 0:
+        return None
+    return MessageReactions(counts=dict(body.reaction_counts), summary_version=body.summary_version)
 
 
 def _without_body(entry: SyncEntry) -> SyncEntry:
