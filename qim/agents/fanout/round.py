@@ -25,6 +25,7 @@ from qim.schemas.records import (
     GroupDispatch,
     MessageAmended,
     MessageCommitted,
+    MessageReacted,
     ReactionSummary,
     conversation_key,
     encode_dispatch_record,
@@ -99,6 +100,8 @@ def observe(metrics: FanoutMetrics, fed: Fed, now: float) -> None:
             metrics.target_shards.observe(count)
         elif isinstance(record, MessageAmended):
             metrics.outbox_records.labels("amend").inc()
+        elif isinstance(record, MessageReacted):
+            metrics.outbox_records.labels("reaction").inc()
         else:
             metrics.outbox_records.labels("membership").inc()
 

@@ -62,7 +62,7 @@ def amend_target(kv: Overlay, d: GroupDispatch, mailbox_seq: int) -> None:
         return
     body = decode_value(braw, StoredBody)
     if d.amend_action in REMOVING:
-        new_body = msgspec.structs.replace(body, payload=b"", reaction_counts={})  # 13.6.4
+        new_body = msgspec.structs.replace(body, payload=b"")
     elif removed_before:
         return  # an edit cannot bring recalled content back
     else:

@@ -85,10 +85,6 @@ class StoredBody(_Row, frozen=True, kw_only=True):
     custom_type: str = ""
     schema_version: U32 = 0
     payload: bytes = b""
-    reaction_counts: dict[str, U32] = msgspec.field(default_factory=dict)
-    """The message's MessageReactionSummary as of ``summary_version`` (dispatch
-    ``ReactionSummary``), keys sorted so the bytes do not depend on arrival order."""
-    summary_version: U64 = 0
 
 
 class ProgressState:

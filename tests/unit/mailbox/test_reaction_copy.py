@@ -1,6 +1,6 @@
 """The shard's copy of a message's reaction aggregate (13.6, 18.3.1): a ``ReactionSummary`` of
-the dispatch log overwrites the counts beside the body copy when its version is newer, writes no
-entry, and PULL_MAILBOX's join returns it with the message."""
+the dispatch log overwrites the counts on the message's facts row when its version is newer,
+writes no entry, and PULL_MAILBOX's join returns it with the message, inline or joined."""
 
 from __future__ import annotations
 
@@ -65,13 +65,31 @@ def test_13_6_a_pulled_entry_carries_the_newest_aggregate_and_no_entry_is_writte
     assert reactions.summary_version == 3
 
 
+def test_13_6_an_inline_message_carries_its_aggregate_with_its_own_body() -> None:
+    a, b = local_users(2)
+    message = dispatch(1, sender=b, participants=(a, b), inline_body=True, payload=b"hi")
+    log = numbered([message, _summary(message, 1, {"like": 1})])
+    result = run(store := MemoryMailboxStore(), log)
+    assert result.metrics["reaction_summary_applied_total"] == 1
+    reader = StoreMailboxReader(store, CONFIG.lane_count)
+    entries = [e for _, group in reader.read_user_range(T, a, 0, seq(1)) for e in group]
+    [joined] = join_bodies(reader, T, entries)
+    assert joined.payload_or_ciphertext == b"hi" and joined.body_included
+    assert joined.reactions == MessageReactions(counts={"like": 1}, summary_version=1)
+
+
 def test_13_6_4_a_recall_drops_the_aggregate_from_pulled_entries() -> None:
     a, b = local_users(2)
     message = dispatch(1, sender=b, participants=(a, b))
     run(store := MemoryMailboxStore(), numbered([message, _summary(message, 1, {"+1": 1})]))
-    run(store, numbered([amend(2, message)], start=2))
-    pulled = dict(_pulled(store, a, seq(2)))
-    assert pulled[message.message_id] is None
+    assert dict(_pulled(store, a, seq(1)))[message.message_id] is not None
+    run(store, numbered([amend(2, message), _summary(message, 2, {"+1": 2})], start=2))
+    pulled = dict(_pulled(store, a, seq(3)))
+    assert pulled[message.message_id] is None  # and a later summary does not bring it back
+    facts = StoreMailboxReader(store, CONFIG.lane_count).facts(
+        T, message.conversation_id, message.conversation_seq, message.message_id
+    )
+    assert facts is not None and facts.reaction_counts == {}  # gone from the store too
 
 
 def test_13_6_a_summary_for_a_message_without_copy_or_for_another_shard_changes_nothing() -> None:

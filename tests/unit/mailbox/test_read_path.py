@@ -75,7 +75,7 @@ def test_6_7_reader_returns_an_event_group_whole_in_ordinal_order() -> None:
     assert all(e.mailbox_seq == mailbox_seq for e in entries)
 
 
-def test_18_3_1_bodies_are_joined_once_per_message_and_inline_entries_keep_their_own_body() -> None:
+def test_18_3_1_bodies_are_joined_once_per_message_and_inline_entries_skip_the_join() -> None:
     a, b = local_users(2)
     store = MemoryMailboxStore()
     records = [
@@ -89,9 +89,9 @@ def test_18_3_1_bodies_are_joined_once_per_message_and_inline_entries_keep_their
     assert entries[1].payload_or_ciphertext == b"inline"
     store.access.reset()
     joined = join_bodies(reader, T, entries + entries)
-    # per message once, however many entries: its recall state (13.4) and its shard copy (the
-    # body of message 1; of the inline message 2 only the reaction aggregate, 13.6)
-    assert store.access.gets == 4
+    # per message once, however many entries: its facts row (recall state 13.4 and reaction
+    # aggregate 13.6 in one read), and message 1's body
+    assert store.access.gets == 3
     assert [e.payload_or_ciphertext for e in joined] == [b"joined", b"inline"] * 2
     assert all(e.body_included for e in joined)
 
