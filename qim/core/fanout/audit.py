@@ -142,7 +142,7 @@ def audit_fanout(
             slices.setdefault(key4, (record.chunk_count, set()))[1].add(record.chunk_index)
             continue
         if isinstance(record, ReactionSummary):
-            continue  # an aggregate for the shard's body copy: no entry to audit (13.6.1)
+            continue  # an aggregate for the shard's facts row: no entry to audit (13.6.1)
         mid = record.message_id.hex()
         if partition != record.target_mailbox_shard:
             detail = f"dispatch for shard {record.target_mailbox_shard} in partition {partition}"

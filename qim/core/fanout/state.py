@@ -26,8 +26,9 @@ same records, byte for byte (spec 6.7 I-5, 10.4.2).
   mailbox entry on any shard; the ConversationWriter pushes REACTION_UPDATE to online members
   itself (``qim.core.reactions.push``). What goes out is one :class:`ReactionSummary` per shard
   with members in the reaction's version (direct: the participants' shards): the record's
-  absolute counts, which the MailboxNode keeps beside its body copy so PULL_MAILBOX returns the
-  aggregate with the message (13.6, 18.3.1; it never reads the MessageStore, direction 4.4). A
+  absolute counts, which the MailboxNode keeps on the message's facts row so PULL_MAILBOX
+  returns the aggregate with the message (13.6, 18.3.1; it never reads the MessageStore,
+  direction 4.4). A
   version this state does not hold yields none rather than a hold: the copy is a read-time
   convenience, the MessageStore (PULL_HISTORY) stays the authority, and an aggregate must never
   stall the partition's messages.

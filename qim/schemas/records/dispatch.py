@@ -147,12 +147,13 @@ class ReactionSummary(
 ):
     """A message's reaction aggregate after one committed REACT, for one MailboxShard.
 
-    Why it rides the dispatch log: PULL_MAILBOX joins bodies from the shard's own copy
+    Why it rides the dispatch log: PULL_MAILBOX joins from the shard's own copies
     (direction.md 4.4) and never reads the MessageStore, so the aggregate that 13.6 / 18.3.1
-    return "with the message" must reach that copy through the shard's log like a recall does.
-    It is **no entry** (13.6.1, INV-36): the MailboxNode only overwrites the counts kept beside
-    the body copy when ``summary_version`` is newer, so a redelivery or an out-of-order pair
-    changes nothing. One record per target shard (the shards with members), never per member.
+    return "with the message" must reach the shard through its log like a recall does.
+    It is **no entry** (13.6.1, INV-36): the MailboxNode only overwrites the counts kept on the
+    message's facts row (every message has one, inline or not) when ``summary_version`` is
+    newer, so a redelivery or an out-of-order pair changes nothing. One record per target shard
+    (the shards with members), never per member.
     """
 
     tenant_id: str
