@@ -191,7 +191,8 @@ class FrameCalls:
         acked_seq: int = 0,
         timeout: float | None = None,
     ) -> MailboxBatch:
-        """PULL_MAILBOX (A.3 #2) -> MAILBOX_BATCH; ``up_to_seq=0`` = the lane's watermark."""
+        """PULL_MAILBOX (A.3 #2) -> MAILBOX_BATCH; ``up_to_seq=0`` = the lane's watermark. The
+        reaction aggregates joined onto its message entries go to :attr:`reactions`."""
         body = PullMailbox(
             after_seq=after_seq,
             up_to_seq=up_to_seq,
@@ -199,7 +200,9 @@ class FrameCalls:
             max_bytes=max_bytes,
             acked_seq=acked_seq,
         )
-        return await self._call(body, MailboxBatch, timeout)
+        batch = await self._call(body, MailboxBatch, timeout)
+        self.reactions.apply_entries(batch.entries)
+        return batch
 
     async def sync_complete(self, sync_to_seq: int, *, timeout: float | None = None) -> OnlineReady:
         """SYNC_COMPLETE (A.3 #3) -> ONLINE_READY, or QimError SYNC_INCOMPLETE (§9.3.4)."""

@@ -2,7 +2,8 @@
 
 One entry per message ``(conversation_id, conversation_seq)``: ``counts``, ``summary_version``
 and the user's own keys. Every source is absolute -- a pushed REACTION_UPDATE, the reply to this
-device's REACT, the ``reactions`` a HISTORY_BATCH message carries (18.3.1) -- so applying means
+device's REACT, the ``reactions`` a HISTORY_BATCH message or a MAILBOX_BATCH message entry
+carries (18.3.1) -- so applying means
 replacing, and only a greater ``summary_version`` replaces (delivering one frame 100 times, or an
 older one late, leaves the newest state: 26.3.8). ``self_reaction_keys`` None means "yours did
 not change" (``ReactionPush``): the held keys stay. The user's keys change only through its own
@@ -14,10 +15,12 @@ than the held ones. A recalled message's entry is dropped by
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
+from qim.schemas.events import EventType
 from qim.schemas.frames.history import HistoryBatch
+from qim.schemas.frames.mailbox import SyncEntry
 from qim.schemas.frames.reactions import MessageReactions, ReactionUpdate
 
 __all__ = ["MessageReactionState", "ReactionState"]
@@ -77,6 +80,24 @@ class ReactionState:
                     joined.summary_version,
                     joined.self_reaction_keys,
                 )
+        return applied
+
+    def apply_entries(self, entries: Iterable[SyncEntry]) -> int:
+        """Apply the aggregates a MAILBOX_BATCH joined onto its MESSAGE entries; returns how
+        many. The shard keeps no per-user detail, so the held ``self_reaction_keys`` stay
+        (like a push that omits them); a recalled message's entry carries no aggregate."""
+        applied = 0
+        for entry in entries:
+            joined = entry.reactions
+            if joined is None or entry.event_type != EventType.MESSAGE:
+                continue
+            applied += self._apply(
+                entry.conversation_id,
+                entry.conversation_seq,
+                joined.counts,
+                joined.summary_version,
+                None,
+            )
         return applied
 
     def forget(self, conversation_id: str, conversation_seq: int) -> None:

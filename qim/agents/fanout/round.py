@@ -25,6 +25,8 @@ from qim.schemas.records import (
     GroupDispatch,
     MessageAmended,
     MessageCommitted,
+    MessageReacted,
+    ReactionSummary,
     conversation_key,
     encode_dispatch_record,
 )
@@ -62,8 +64,9 @@ def feed_live(
 
 
 def dispatch_key(record: DispatchLogRecord) -> bytes:
-    """``(tenant, dispatch_id)`` for a dispatch; a member slice keys like the writer's."""
-    if isinstance(record, GroupDispatch):
+    """``(tenant, dispatch_id)`` for a dispatch, ``(tenant, message_id)`` for a reaction
+    summary; a member slice keys like the writer's."""
+    if isinstance(record, GroupDispatch | ReactionSummary):
         return record.key
     return conversation_key(record.tenant_id, record.group_id)
 
@@ -97,6 +100,8 @@ def observe(metrics: FanoutMetrics, fed: Fed, now: float) -> None:
             metrics.target_shards.observe(count)
         elif isinstance(record, MessageAmended):
             metrics.outbox_records.labels("amend").inc()
+        elif isinstance(record, MessageReacted):
+            metrics.outbox_records.labels("reaction").inc()
         else:
             metrics.outbox_records.labels("membership").inc()
 

@@ -28,7 +28,7 @@ from qim.core.fanout.config import FanoutConfig
 from qim.core.fanout.event_group import EventGroupOverflow, check_event_group_caps
 from qim.core.fanout.state import FanoutLogError, FanoutState, NotReady
 from qim.core.membership import MembershipLogError
-from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
+from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch, ReactionSummary
 from qim.schemas.records.membership import MembershipCommitted, MemberSliceRecord
 from qim.schemas.records.outbox import GROUP, MessageReacted, OutboxRecord
 
@@ -141,6 +141,8 @@ def audit_fanout(
                 continue
             slices.setdefault(key4, (record.chunk_count, set()))[1].add(record.chunk_index)
             continue
+        if isinstance(record, ReactionSummary):
+            continue  # an aggregate for the shard's facts row: no entry to audit (13.6.1)
         mid = record.message_id.hex()
         if partition != record.target_mailbox_shard:
             detail = f"dispatch for shard {record.target_mailbox_shard} in partition {partition}"

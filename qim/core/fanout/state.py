@@ -22,9 +22,16 @@ same records, byte for byte (spec 6.7 I-5, 10.4.2).
   when its event group would break the 6.7 caps (``qim.core.fanout.event_group``).
 * ``MessageAmended`` (recall / edit / delete): exactly like a message (its own seq, its own
   message_id in the ``dispatch_id``), built as a CONTROL dispatch (``build.amend_dispatch``).
-* ``MessageReacted``: nothing. Reactions are ``ephemeral_aggregate`` (13.6.1): no mailbox entry
-  on any shard; the ConversationWriter pushes REACTION_UPDATE to online members itself
-  (``qim.core.reactions.push``).
+* ``MessageReacted``: no GroupDispatch. Reactions are ``ephemeral_aggregate`` (13.6.1): no
+  mailbox entry on any shard; the ConversationWriter pushes REACTION_UPDATE to online members
+  itself (``qim.core.reactions.push``). What goes out is one :class:`ReactionSummary` per shard
+  with members in the reaction's version (direct: the participants' shards): the record's
+  absolute counts, which the MailboxNode keeps on the message's facts row so PULL_MAILBOX
+  returns the aggregate with the message (13.6, 18.3.1; it never reads the MessageStore,
+  direction 4.4). A
+  version this state does not hold yields none rather than a hold: the copy is a read-time
+  convenience, the MessageStore (PULL_HISTORY) stays the authority, and an aggregate must never
+  stall the partition's messages.
 
 Idempotency (ADR-0012 at-least-once): a record applied twice yields the same dispatches -- they
 depend only on the record and its pinned version, which is immutable; a redelivered membership
@@ -63,7 +70,7 @@ from qim.core.fanout.config import FanoutConfig
 from qim.core.fanout.event_group import split_event_groups
 from qim.core.membership import GroupMembership
 from qim.schemas.frames.base import U32, U64
-from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch
+from qim.schemas.records.dispatch import DispatchLogRecord, GroupDispatch, ReactionSummary
 from qim.schemas.records.membership import MembershipAction, MembershipCommitted
 from qim.schemas.records.outbox import (
     DIRECT,
@@ -186,7 +193,7 @@ class FanoutState:
         if isinstance(record, MessageCommitted | MessageAmended):
             return self._message(record)
         if isinstance(record, MessageReacted):
-            return []  # 13.6.1: never a mailbox entry (module docstring)
+            return self._reaction(record)
         return self._membership(record)
 
     # -- messages -------------------------------------------------------------------------------
@@ -217,6 +224,31 @@ class FanoutState:
         if isinstance(record, MessageAmended) and record.conversation_kind != DIRECT:
             out.extend(self._former_shards(record, set(shards)))
         return out
+
+    def _reaction(self, record: MessageReacted) -> list[DispatchLogRecord]:
+        """One ReactionSummary per target shard, never an entry (module docstring)."""
+        tenant = record.tenant_id
+        if record.conversation_kind == DIRECT:
+            shards = shards_of(record.participants, lambda u: self.config.shard_of(tenant, u))
+        else:
+            key = (tenant, record.conversation_id)
+            info = self._pinned(key, record.membership_version)
+            if isinstance(info, NotReadyReason):
+                return []
+            shards = info.shards
+        return [
+            ReactionSummary(
+                tenant_id=tenant,
+                conversation_id=record.conversation_id,
+                message_id=record.target_message_id,
+                conversation_seq=record.target_conversation_seq,
+                counts=dict(sorted(record.counts.items())),
+                summary_version=record.summary_version,
+                target_mailbox_shard=shard,
+                committed_at=record.committed_at,
+            )
+            for shard in shards
+        ]
 
     def _former_shards(self, record: MessageAmended, current: set[int]) -> list[GroupDispatch]:
         """A recall / edit also reaches the shards where only former members are (of a

@@ -26,11 +26,17 @@ may get an entry -- and no client is told it has seen past it. The shell keeps c
 missing chunk is further down the same partition -- and alerts while the result's ``pending``
 is non-empty; W (and so ``resume_offset``) stays below it, and a restart finds it in the store.
 A slice whose chunks cannot be assembled fails closed the same way (``member_slice_invalid``).
+
+A ``ReactionSummary`` (13.6, 18.3.1) writes no entry: its absolute counts overwrite those on the
+message's facts row when its ``summary_version`` is newer, so PULL_MAILBOX returns the aggregate
+with the message (``reader.join_bodies``); the row's bytes depend on the log alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+
+import msgspec
 
 from qim.core.mailbox import keys
 from qim.core.mailbox.amend import amend_target, amended
@@ -47,6 +53,7 @@ from qim.core.mailbox.result import (
     WrittenGroup,
 )
 from qim.core.mailbox.retention import expiry_at, trim_user
+from qim.core.mailbox.session_store import decode_facts, encode_facts, facts_key
 from qim.core.mailbox.sessions import SessionFolds
 from qim.core.mailbox.slicestore import SliceCache, load_departures, load_slice, store_chunk
 from qim.core.mailbox.user_state import apply_command, apply_membership
@@ -67,6 +74,7 @@ from qim.core.membership.slices import ShardSlice
 from qim.schemas.events import EventType
 from qim.schemas.records.dispatch import (
     GroupDispatch,
+    ReactionSummary,
     ShardLogRecord,
     decode_dispatch_record,
     encode_dispatch_record,
@@ -138,6 +146,8 @@ class _Fold:
             self._slice(record)
         elif isinstance(record, UserStateCommand):
             self._user_state(seq, record)
+        elif isinstance(record, ReactionSummary):
+            self._reaction(record)
         else:  # a kind this build does not know yet: occupies its offset, changes nothing
             self.metrics["unknown_record_total"] += 1
 
@@ -282,6 +292,35 @@ class _Fold:
         if d.retention_class == "ephemeral_24h":  # 7.1: gone after 24 h, references too
             expire = min(expire, d.committed_at + DAY_MS)
         self.kv.put(keys.expiry_key(expire, bkey), b"")
+
+    def _reaction(self, r: ReactionSummary) -> None:
+        """A newer aggregate onto the message's facts row (13.6, 18.3.1): the row every copy of
+        the message has on this shard, inline or not, and the one PULL_MAILBOX's join already
+        reads for the recall state. No entry, no count, no push (13.6.1, INV-36). A message
+        this shard holds no live row of (expired, not here yet, another shard's, recalled) is
+        left alone; an older or repeated version changes nothing. Log-only inputs: a replay
+        cut anywhere writes the same bytes."""
+        if r.target_mailbox_shard != self.config.mailbox_shard:
+            self.metrics["dispatch_misrouted_total"] += 1
+            return
+        fkey = facts_key(r.tenant_id, r.conversation_id, r.conversation_seq, r.message_id)
+        raw = self.kv.get(fkey)
+        if raw is None:
+            return
+        facts = decode_facts(raw)
+        if (
+            r.summary_version <= facts.summary_version
+            or facts.removed_mailbox_seq != 0
+            or facts.expired_by(self.log_now)
+        ):
+            return
+        new = msgspec.structs.replace(
+            facts,
+            reaction_counts=dict(sorted((k, v) for k, v in r.counts.items() if v > 0)),
+            summary_version=r.summary_version,
+        )
+        self.kv.put(fkey, encode_facts(new))
+        self.metrics["reaction_summary_applied_total"] += 1
 
     def _keep_facts(self, seq: int, d: GroupDispatch) -> None:
         """The session recount's copy of the message (``session_store.StoredFacts``), expiring

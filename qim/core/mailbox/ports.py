@@ -15,10 +15,13 @@ descending from the last key ``<= start_key``), lazily, stopping at the end of t
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Protocol, TypeAlias
+from typing import TYPE_CHECKING, Protocol, TypeAlias
 
 from qim.core.mailbox.values import StoredBody
 from qim.schemas.frames.mailbox import SyncEntry
+
+if TYPE_CHECKING:  # session_store reads through KVReader: a runtime import would be a cycle
+    from qim.core.mailbox.session_store import StoredFacts
 
 __all__ = ["EventGroup", "KVReader", "MailboxReader", "Op"]
 
@@ -77,9 +80,11 @@ class MailboxReader(Protocol):
         when it is past retention (the entry then goes out with ``body_included=false``)."""
         ...
 
-    def removed(
+    def facts(
         self, tenant_id: str, conversation_id: str, conversation_seq: int, message_id: bytes
-    ) -> bool:
-        """The message was recalled or deleted on this shard (13.4): its body is never served
-        again, inline or joined; the entry goes out with ``body_included=false``."""
+    ) -> StoredFacts | None:
+        """The shard's facts row of a message (one per message, inline or not), or None when
+        this shard holds none. The join reads two things from it: whether the message was
+        recalled or deleted (13.4: its body is never served again, the entry goes out with
+        ``body_included=false``) and its reaction aggregate (13.6, 18.3.1)."""
         ...

@@ -7,7 +7,10 @@ touched, however many events the shard holds. Bodies are joined afterwards, once
 ``message_id`` per batch (:func:`join_bodies`), never by a per-entry point lookup against the
 MessageStore. A recalled or deleted message's body is never served again (13.4; issue 14): its
 entry, inline or not, goes out with ``body_included=false`` -- the client shows the recalled
-state from the CONTROL entry that follows, or from PULL_HISTORY.
+state from the CONTROL entry that follows, or from PULL_HISTORY. A MESSAGE entry also carries
+the message's reaction aggregate as of the shard's log (``SyncEntry.reactions``, 13.6), read
+from the same facts row as the recall state, so the join costs no extra read: a new device sees
+the counts without replaying reaction events.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import msgspec
 
 from qim.core.mailbox import keys
 from qim.core.mailbox.ports import EventGroup, KVReader, MailboxReader
-from qim.core.mailbox.session_store import decode_facts, facts_key
+from qim.core.mailbox.session_store import StoredFacts, decode_facts, facts_key
 from qim.core.mailbox.values import (
     StoredBody,
     StoredEntry,
@@ -28,6 +31,7 @@ from qim.core.mailbox.values import (
 )
 from qim.schemas.events import EventType
 from qim.schemas.frames.mailbox import SyncEntry
+from qim.schemas.frames.reactions import MessageReactions
 from qim.schemas.seqs import MAX_COUNTER, MAX_EPOCH
 
 __all__ = ["StoreMailboxReader", "join_bodies", "sync_entry"]
@@ -115,34 +119,41 @@ class StoreMailboxReader:
         raw = self._store.get(keys.body_key(tenant_id, message_id))
         return None if raw is None else decode_value(raw, StoredBody)
 
-    def removed(
+    def facts(
         self, tenant_id: str, conversation_id: str, conversation_seq: int, message_id: bytes
-    ) -> bool:
+    ) -> StoredFacts | None:
         raw = self._store.get(facts_key(tenant_id, conversation_id, conversation_seq, message_id))
-        return raw is not None and decode_facts(raw).removed_mailbox_seq != 0
+        return None if raw is None else decode_facts(raw)
 
 
 def join_bodies(
     reader: MailboxReader, tenant_id: str, entries: Sequence[SyncEntry]
 ) -> list[SyncEntry]:
-    """Entries with their bodies joined, each ``message_id`` looked up once (18.3.1 step 2-5).
+    """Entries with their bodies and reaction aggregates joined, each ``message_id`` looked up
+    once (18.3.1 step 2-5).
 
-    Inline entries are left alone; an entry whose body is gone (past retention) keeps
-    ``body_included=false`` and the client fetches it with PULL_HISTORY (A.4.1).
+    A MESSAGE entry reads its facts row (recalled? reactions?) and, when not inline, the body
+    copy; other inline entries are left alone. An entry whose body is gone (past retention)
+    keeps ``body_included=false`` and the client fetches it with PULL_HISTORY (A.4.1).
     """
     bodies: dict[bytes, StoredBody | None] = {}
-    removed: dict[bytes, bool] = {}
+    facts: dict[bytes, StoredFacts | None] = {}
     out: list[SyncEntry] = []
     for entry in entries:
+        reactions = None
         if entry.event_type == EventType.MESSAGE:
-            if entry.message_id not in removed:
-                removed[entry.message_id] = reader.removed(
+            if entry.message_id not in facts:
+                facts[entry.message_id] = reader.facts(
                     tenant_id, entry.conversation_id, entry.conversation_seq, entry.message_id
                 )
-            if removed[entry.message_id]:
+            row = facts[entry.message_id]
+            if row is not None and row.removed_mailbox_seq != 0:
                 out.append(_without_body(entry))
                 continue
-        if entry.body_included:
+            reactions = None if row is None else _reactions(row)
+        if reactions is not None:
+            entry = msgspec.structs.replace(entry, reactions=reactions)
+        if entry.body_included:  # inline: its body stays as written
             out.append(entry)
             continue
         if entry.message_id not in bodies:
@@ -162,6 +173,15 @@ def join_bodies(
             )
         )
     return out
+
+
+def _reactions(row: StoredFacts) -> MessageReactions | None:
+    """The row's aggregate as the frame carries it; None when nobody has reacted (the row
+    never saw a ``ReactionSummary``). ``self_reaction_keys`` stay empty: the shard keeps no
+    per-user detail (PULL_HISTORY fills them)."""
+    if row.summary_version == 0:
+        return None
+    return MessageReactions(counts=dict(row.reaction_counts), summary_version=row.summary_version)
 
 
 def _without_body(entry: SyncEntry) -> SyncEntry:

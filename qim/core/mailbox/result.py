@@ -32,6 +32,7 @@ METRICS: Final = (
     "mailbox_entry_cap_evicted_total",
     "member_slice_chunks_total",
     "member_slice_invalid_total",
+    "reaction_summary_applied_total",
     "stale_epoch_dispatch_dropped_total",
     "unknown_record_total",
 )

@@ -40,7 +40,7 @@ from qim.core.session_list import (
     UserProjection,
 )
 from qim.core.session_list.rows import InputKey, SessionRow, UserBadgeState
-from qim.schemas.frames.base import MENTION_ALL, U64, EntryFlags, EventType, MentionType
+from qim.schemas.frames.base import MENTION_ALL, U32, U64, EntryFlags, EventType, MentionType
 from qim.schemas.hashing import validate_identifier
 from qim.schemas.records.dispatch import GroupDispatch
 
@@ -130,6 +130,10 @@ class StoredFacts(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     ``amended_mailbox_seq``: the last recall / edit / delete applied (``preview`` is then the
     amended one); a re-applied dispatch of the message keeps such a row (``keep_facts``).
     ``expire_at``: when retention removes the row (the time of its expiry index key).
+    ``reaction_counts`` / ``summary_version``: the message's MessageReactionSummary as of the
+    newest ``ReactionSummary`` of the shard's log (13.6, 18.3.1: PULL_MAILBOX joins it onto the
+    message's entries), keys sorted so the bytes never follow arrival order; a recall / delete
+    empties the counts (13.6.4) and keeps the version, so no older summary brings them back.
     Fields are append-only, like ``values.py``'s rows."""
 
     mailbox_seq: U64
@@ -141,6 +145,8 @@ class StoredFacts(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     removed_mailbox_seq: U64 = 0
     amended_mailbox_seq: U64 = 0
     expire_at: U64 = 0
+    reaction_counts: dict[str, U32] = msgspec.field(default_factory=dict)
+    summary_version: U64 = 0
 
     def expired_by(self, log_now_ms: int) -> bool:
         """Retention ended by this log time (0: a row from before the field, never): the row
@@ -212,7 +218,11 @@ def amended_facts(facts: StoredFacts, d: GroupDispatch, mailbox_seq: int) -> Sto
     if d.amend_action in REMOVING:
         removed = facts.removed_mailbox_seq or mailbox_seq
         return msgspec.structs.replace(
-            facts, removed_mailbox_seq=removed, preview=preview, amended_mailbox_seq=mailbox_seq
+            facts,
+            removed_mailbox_seq=removed,
+            preview=preview,
+            amended_mailbox_seq=mailbox_seq,
+            reaction_counts={},  # 13.6.4: the aggregate goes with the message
         )
     if facts.removed_mailbox_seq:
         return facts

@@ -37,6 +37,7 @@ from qim.core.mailbox.reader import sync_entry
 from qim.core.mailbox.session_store import (
     REMOVING,
     ShardMessageSource,
+    decode_facts,
     decode_state,
     encode_facts,
     encode_state,
@@ -171,9 +172,19 @@ class SessionFolds:
     def facts(self, d: GroupDispatch, mailbox_seq: int, expire_at: int) -> bytes:
         """Keep the message's facts (once per shard, like the body: a re-applied dispatch
         writes them again, whether or not a sweep removed them meanwhile, so any sweep
-        schedule gives the same store); returns the key for the expiry index."""
+        schedule gives the same store); returns the key for the expiry index. The reaction
+        aggregate of a live row is kept: it came from the log after the first copy, and no
+        redelivery makes it older (an expired row's is dropped, as a sweep would have)."""
         key = facts_key(d.tenant_id, d.conversation_id, d.conversation_seq, d.message_id)
-        self.kv.put(key, encode_facts(facts_of(d, mailbox_seq, expire_at)))
+        row = facts_of(d, mailbox_seq, expire_at)
+        raw = self.kv.get(key)
+        if raw is not None:
+            kept = decode_facts(raw)
+            if kept.summary_version and not kept.expired_by(self.log_now_ms):
+                row = msgspec.structs.replace(
+                    row, reaction_counts=kept.reaction_counts, summary_version=kept.summary_version
+                )
+        self.kv.put(key, encode_facts(row))
         return key
 
     def entries(

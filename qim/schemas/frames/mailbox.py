@@ -10,6 +10,7 @@ from __future__ import annotations
 import msgspec
 
 from qim.schemas.frames.base import U8, U32, U64, U128, U128_ZERO, Body
+from qim.schemas.frames.reactions import MessageReactions
 
 __all__ = [
     "MailboxBatch",
@@ -73,6 +74,12 @@ class SyncEntry(Body):
     schema_version: U32 | None = None
     payload_or_ciphertext: bytes | None = None
     media_metadata: MediaMetadata | None = None
+    # -- read-time join beyond A.4.1 --
+    reactions: MessageReactions | None = None
+    """The message's reaction aggregate as the shard's copy holds it (13.6: mailbox pulls
+    return it with the message, like ``HistoryMessage.reactions``); None when it has none.
+    ``self_reaction_keys`` stay empty here: the shard keeps no per-user detail, PULL_HISTORY
+    fills them. Applied like a REACTION_UPDATE: only if ``summary_version`` is newer."""
 
 
 class PullMailbox(Body):

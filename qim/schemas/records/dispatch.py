@@ -27,6 +27,7 @@ __all__ = [
     "DispatchLogRecord",
     "EventTemplate",
     "GroupDispatch",
+    "ReactionSummary",
     "ShardLogRecord",
     "decode_dispatch_record",
     "dispatch_key",
@@ -135,10 +136,49 @@ class GroupDispatch(
         return self.target_mailbox_shard
 
 
-DispatchLogRecord: TypeAlias = GroupDispatch | MemberSliceRecord
+class ReactionSummary(
+    msgspec.Struct,
+    kw_only=True,
+    omit_defaults=True,
+    frozen=True,
+    forbid_unknown_fields=False,
+    tag_field="kind",
+    tag="reaction_summary",
+):
+    """A message's reaction aggregate after one committed REACT, for one MailboxShard.
+
+    Why it rides the dispatch log: PULL_MAILBOX joins from the shard's own copies
+    (direction.md 4.4) and never reads the MessageStore, so the aggregate that 13.6 / 18.3.1
+    return "with the message" must reach the shard through its log like a recall does.
+    It is **no entry** (13.6.1, INV-36): the MailboxNode only overwrites the counts kept on the
+    message's facts row (every message has one, inline or not) when ``summary_version`` is
+    newer, so a redelivery or an out-of-order pair changes nothing. One record per target shard
+    (the shards with members), never per member.
+    """
+
+    tenant_id: str
+    conversation_id: str
+    message_id: U128  # the reacted message (the outbox record's target_message_id)
+    conversation_seq: U64
+    counts: dict[str, U32] = msgspec.field(default_factory=dict)
+    summary_version: U64
+    target_mailbox_shard: U32
+    committed_at: U64
+
+    @property
+    def key(self) -> bytes:
+        """``tenant 0x00 message_id``: every summary of one message on the same key."""
+        return hash_input(self.tenant_id, self.message_id)
+
+    @property
+    def partition(self) -> int:
+        return self.target_mailbox_shard
+
+
+DispatchLogRecord: TypeAlias = GroupDispatch | MemberSliceRecord | ReactionSummary
 """What the FanoutCoordinator writes to the dispatch log."""
 
-ShardLogRecord: TypeAlias = GroupDispatch | MemberSliceRecord | UserStateCommand
+ShardLogRecord: TypeAlias = GroupDispatch | MemberSliceRecord | UserStateCommand | ReactionSummary
 """Every kind of the dispatch log: the fanout's plus the MailboxNode's own appends of users'
 state commands (``UserStateCommand``, 12.9)."""
 

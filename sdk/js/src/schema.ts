@@ -809,6 +809,15 @@ export const SCHEMA: SchemaTable = {
      }
     },
     null
+   ],
+   [
+    "reactions",
+    {
+     "opt": {
+      "struct": "MessageReactions"
+     }
+    },
+    null
    ]
   ],
   "MediaMetadata": [
@@ -855,6 +864,27 @@ export const SCHEMA: SchemaTable = {
    [
     "checksum",
     "b",
+    null
+   ]
+  ],
+  "MessageReactions": [
+   [
+    "counts",
+    {
+     "map": "u"
+    },
+    null
+   ],
+   [
+    "summary_version",
+    "u",
+    0
+   ],
+   [
+    "self_reaction_keys",
+    {
+     "list": "s"
+    },
     null
    ]
   ],
@@ -1125,27 +1155,6 @@ export const SCHEMA: SchemaTable = {
      "opt": {
       "struct": "MessageReactions"
      }
-    },
-    null
-   ]
-  ],
-  "MessageReactions": [
-   [
-    "counts",
-    {
-     "map": "u"
-    },
-    null
-   ],
-   [
-    "summary_version",
-    "u",
-    0
-   ],
-   [
-    "self_reaction_keys",
-    {
-     "list": "s"
     },
     null
    ]

@@ -248,7 +248,7 @@ def delivered(
     departures: dict[tuple[str, int], dict[tuple[str, int], int]] = {}
     out: dict[bytes, set[Delivery]] = {}
     for record in produced:
-        if not isinstance(record, GroupDispatch):
+        if isinstance(record, MemberSliceRecord):
             done = assembler.apply(record)
             if done is not None:
                 slices[(done.group_id, done.membership_version, done.mailbox_shard)] = done
@@ -256,6 +256,8 @@ def delivered(
                 for user, joined_at, left_at in done.left:
                     known.setdefault((user, joined_at), left_at)
             continue
+        if not isinstance(record, GroupDispatch):
+            continue  # a reaction summary writes no entry
         shard = record.target_mailbox_shard
         key = (record.conversation_id, record.membership_version, shard)
         entries = expand_dispatch(

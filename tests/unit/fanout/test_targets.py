@@ -9,9 +9,9 @@ from hypothesis import strategies as st
 from qim.core.fanout import FanoutConfig, FanoutLogError, FanoutState, NotReady, NotReadyReason
 from qim.schemas import dispatch_id
 from qim.schemas.ids import message_id_from_bytes
-from qim.schemas.records.dispatch import GroupDispatch
+from qim.schemas.records.dispatch import GroupDispatch, ReactionSummary
 from qim.schemas.records.membership import MemberSliceRecord
-from qim.schemas.records.outbox import MessageCommitted
+from qim.schemas.records.outbox import MessageCommitted, MessageReacted
 from tests.unit.fanout.support import Outbox, T, pipeline, run, shard_of
 
 USERS = [f"user-{i:03d}" for i in range(60)]
@@ -173,7 +173,7 @@ def test_direction_4_3_slices_are_the_writers_and_precede_every_dispatch_pinned_
     for position, record in enumerate(produced):
         if isinstance(record, MemberSliceRecord):
             last_slice[(record.membership_version, record.partition)] = position
-        elif record.membership_version:
+        elif isinstance(record, GroupDispatch) and record.membership_version:
             key = (record.membership_version, record.partition)
             first_dispatch.setdefault(key, position)
     assert first_dispatch
@@ -204,3 +204,57 @@ def test_7_9_membership_change_ahead_of_the_state_is_not_ready_and_changes_nothi
         1,
     )
     assert state.encode() == before
+
+
+def _reaction(message: MessageCommitted, version: int, counts: dict[str, int]) -> MessageReacted:
+    return MessageReacted(
+        tenant_id=T,
+        conversation_id=message.conversation_id,
+        conversation_kind=message.conversation_kind,
+        participants=message.participants,
+        target_conversation_seq=message.conversation_seq,
+        target_message_id=message.message_id,
+        user_id="user-001",
+        reaction_key="like",
+        action="add",
+        counts=counts,
+        summary_version=version,
+        membership_version=message.membership_version,
+        member_count=3,
+        committed_at=message.committed_at + version,
+    )
+
+
+def test_13_6_a_reaction_sends_one_summary_per_target_shard_and_no_dispatch() -> None:
+    shards = 8
+    outbox = Outbox(shards=shards)
+    outbox.create("g:react", "owner", USERS[:30])
+    message = outbox.send("g:react", "owner")
+    state = FanoutState(FanoutConfig(mailbox_shard_count=shards))
+    delivered = _dispatches(run(state, outbox.log))
+    out = run(state, [_reaction(message, 2, {"like": 1, "+1": 1})])
+    assert all(isinstance(r, ReactionSummary) for r in out)
+    targets = sorted(
+        d.target_mailbox_shard for d in delivered if d.message_id == message.message_id
+    )
+    assert [r.partition for r in out] == targets and len(targets) > 1
+    first = out[0]
+    assert isinstance(first, ReactionSummary)
+    assert (first.message_id, first.conversation_seq) == (
+        message.message_id,
+        message.conversation_seq,
+    )
+    assert (first.counts, first.summary_version) == ({"+1": 1, "like": 1}, 2)
+    assert list(first.counts) == ["+1", "like"]  # sorted: the bytes never follow arrival order
+
+
+def test_13_6_a_direct_reaction_goes_to_the_participants_shards() -> None:
+    shards = 64
+    outbox = Outbox(shards=shards)
+    message = outbox.direct("alice", "bob")
+    state = FanoutState(FanoutConfig(mailbox_shard_count=shards))
+    out = run(state, [message, _reaction(message, 1, {"like": 1})])
+    summaries = [r for r in out if isinstance(r, ReactionSummary)]
+    assert sorted(r.partition for r in summaries) == sorted(
+        {shard_of("alice", shards), shard_of("bob", shards)}
+    )

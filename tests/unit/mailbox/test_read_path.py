@@ -89,7 +89,8 @@ def test_18_3_1_bodies_are_joined_once_per_message_and_inline_entries_skip_the_j
     assert entries[1].payload_or_ciphertext == b"inline"
     store.access.reset()
     joined = join_bodies(reader, T, entries + entries)
-    # per message once, however many entries: its recall state (13.4), and message 1's body
+    # per message once, however many entries: its facts row (recall state 13.4 and reaction
+    # aggregate 13.6 in one read), and message 1's body
     assert store.access.gets == 3
     assert [e.payload_or_ciphertext for e in joined] == [b"joined", b"inline"] * 2
     assert all(e.body_included for e in joined)

@@ -6,8 +6,10 @@ from qim.client.reactions import ReactionState
 from qim.core.conversation import Duplicate, Reacted, Rejected
 from qim.core.history import decode_message_record, message_key
 from qim.core.reactions.push import ReactionPushMerge, push_records
+from qim.schemas.events import EventType
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.frames.history import HistoryBatch, HistoryMessage
+from qim.schemas.frames.mailbox import SyncEntry
 from qim.schemas.frames.reactions import MessageReactions, ReactionUpdate
 from qim.schemas.records import ReactRequest
 from qim.schemas.records.outbox import MessageReacted
@@ -164,3 +166,32 @@ def test_13_6_4_a_history_page_with_the_message_recalled_drops_the_sdks_aggregat
     assert state.get(C, 1) is None
     held = state.get(C, 2)
     assert held is not None and held.counts == {"a": 2} and held.self_reaction_keys == ("a",)
+
+
+def test_18_3_1_the_sdk_applies_mailbox_entries_aggregates_newer_only_and_keeps_its_keys() -> None:
+    state = ReactionState()
+    state.apply(
+        ReactionUpdate(
+            conversation_id=C,
+            conversation_seq=1,
+            counts={"a": 1},
+            summary_version=1,
+            self_reaction_keys=("a",),
+        )
+    )
+
+    def entry(seq: int, version: int, counts: dict[str, int], kind: EventType) -> SyncEntry:
+        joined = MessageReactions(counts=counts, summary_version=version)
+        return SyncEntry(event_type=kind, conversation_id=C, conversation_seq=seq, reactions=joined)
+
+    entries = [
+        entry(1, 3, {"a": 2}, EventType.MESSAGE),
+        entry(1, 2, {"a": 9}, EventType.MESSAGE),  # older: dropped
+        entry(2, 1, {"b": 1}, EventType.CONTROL),  # only message entries carry one
+        SyncEntry(event_type=EventType.MESSAGE, conversation_id=C, conversation_seq=3),
+    ]
+    assert state.apply_entries(entries) == 1
+    held = state.get(C, 1)
+    assert held is not None and (held.counts, held.summary_version) == ({"a": 2}, 3)
+    assert held.self_reaction_keys == ("a",)  # the shard knows no one's keys: held ones stay
+    assert state.get(C, 2) is None and state.get(C, 3) is None
