@@ -120,6 +120,7 @@ def _policy() -> PushPolicy:
         push_rate_per_user_per_min=int(_settings.push_rate_per_user_per_min),
         push_rate_per_conversation_per_min=int(_settings.push_rate_per_conversation_per_min),
         push_retry_max_attempts=int(_settings.push_retry_max_attempts),
+        push_quiet_hours=_settings.push_quiet_hours,
     )
 
 

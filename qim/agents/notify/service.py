@@ -13,7 +13,8 @@ the event's partition, which is the user's mailbox shard for every topic here).
 * :meth:`NotifyService.on_push_task`: no token -> nothing (16.1.1); else the pure rules of
   :mod:`qim.core.notify.rules` (dedup, merge, rate) on the device's state table, and each push
   to send is handed to a delivery task (retries 1/4/16 s without stalling the partition). A
-  ``kind="flush"`` task closes the device's ended merge windows; the app's timer produces them
+  ``kind="flush"`` task closes the device's ended merge windows (and ended quiet hours, 16.4,
+evaluated in the DeviceToken's ``timezone``); the app's timer produces them
   for the windows :attr:`NotifyService.due` knows of. The dedup set is written to the table
   (changelog) before the push goes out, so a replay after a crash never notifies twice.
 """
@@ -223,6 +224,8 @@ class NotifyService:
                 badge_projection_mailbox_seq=task.badge_projection_mailbox_seq,
                 now_ms=now,
                 policy=self.policy,
+                mention_type=task.mention_type,
+                timezone=token.timezone,
             )
             self._save(key, state, partition)
             self.last_task[key] = task
