@@ -75,6 +75,7 @@ class PushPolicy:
     push_rate_per_conversation_per_min: int = 3
     push_retry_max_attempts: int = 3
     push_quiet_hours: QuietHours | None = None
+    push_token_inactive_days: int = 90
     quiet_hours_mentions_break_through: bool = True
 
 
