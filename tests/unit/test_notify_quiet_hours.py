@@ -163,3 +163,11 @@ def test_the_quiet_state_survives_the_table_encoding() -> None:
     state, _ = _admit(DeviceState(), "e1", _ms(2026, 12, 3, 15, 30))
     assert state.quiet is not None
     assert decode_state(encode_state(state)) == state
+
+
+def test_an_older_badge_arriving_in_quiet_hours_does_not_replace_a_newer_one() -> None:
+    night, end = _ms(2026, 12, 3, 15, 30), _ms(2026, 12, 3, 23)
+    state, _ = _admit(DeviceState(), "e30", night, seq=30)
+    state, _ = _admit(state, "e20", night + 1_000, seq=20)
+    _, sends = flush_due(state, now_ms=end, policy=POLICY)
+    assert [(s.badge_projection_mailbox_seq, s.merged_count) for s in sends] == [(30, 2)]

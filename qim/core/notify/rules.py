@@ -234,8 +234,8 @@ def admit(
     breaks = policy.quiet_hours_mentions_break_through and mention_type in _QUIET_BREAK_THROUGH
     until = None if breaks else quiet_until(policy.push_quiet_hours, timezone, now_ms)
     if until is not None:
-        held = state.quiet or Window(ends_at=until)
-        quiet = _numbers(replace(held, ends_at=until, pending=held.pending + 1), send)
+        held = state.quiet or _numbers(Window(ends_at=until), send)  # newer numbers: above
+        quiet = replace(held, ends_at=until, pending=held.pending + 1)
         return replace(state, quiet=quiet), [replace(send, kind="badge", reason="quiet_hours")]
     windows = dict(state.windows)
     open_window = windows.get(conversation_id)
