@@ -386,7 +386,7 @@ async def test_fcm_unregistered_deletes_the_token_and_publishes_a_tombstone(
 
 async def test_a_token_idle_past_push_token_inactive_days_is_collected(harness: Harness) -> None:
     h = harness
-    fresh = "d4" * 32
+    fresh = "f6" * 32
     access, epoch = await h.login("gina", "ipad")
     assert (await h.register(access, _apns("ipad", epoch, fresh)))[0] == 200
     fresh_key = DeviceKey(h.tenant, "gina", "ipad")
@@ -402,8 +402,8 @@ async def test_a_token_idle_past_push_token_inactive_days_is_collected(harness: 
         user_id="gina",
         device_id="phone",
         provider="APNS",
-        sealed_token=sealer.seal("d5" * 32, old_key.encode()),
-        token_fingerprint=sealer.fingerprint("d5" * 32),
+        sealed_token=sealer.seal("f7" * 32, old_key.encode()),
+        token_fingerprint=sealer.fingerprint("f7" * 32),
         at_ms=now_ms - 91 * DAY_MS,
     )
     await h.producer.send_and_wait(
