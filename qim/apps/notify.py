@@ -9,7 +9,9 @@ whose changelogs are compacted topics (Faust's default for tables).
   compacted ``qim.device-token-digest`` (no token; tombstone on delete);
 * agent ``push_tasks`` on ``qim.push-tasks`` -> table ``push_device_state`` (per device: the
   dedup set, last minute's sends, open merge windows) and the providers (APNs HTTP/2, FCM
-  HTTP v1); a timer turns ended merge windows into ``flush`` tasks on the same topic.
+  HTTP v1); a timer turns ended merge windows into ``flush`` tasks on the same topic;
+  another sweeps ``device_tokens`` for tokens idle past ``push_token_inactive_days`` and
+  sends their ``inactive`` deletes to the command topic (16.6 GC).
 
 Pages: ``POST /v1/device-tokens`` and ``DELETE /v1/device-tokens/{device_id}/`` are the
 device-token management API (``qim.agents.notify.registration``); ``/notify`` is the
@@ -120,6 +122,8 @@ def _policy() -> PushPolicy:
         push_rate_per_user_per_min=int(_settings.push_rate_per_user_per_min),
         push_rate_per_conversation_per_min=int(_settings.push_rate_per_conversation_per_min),
         push_retry_max_attempts=int(_settings.push_retry_max_attempts),
+        push_quiet_hours=_settings.push_quiet_hours,
+        push_token_inactive_days=int(_settings.push_token_inactive_days),
     )
 
 
@@ -192,6 +196,18 @@ async def flush_merge_windows() -> None:
     for key, partition, due in service.due_flushes(_now_ms()):
         service.due.pop(key, None)
         await _send(PUSH_TASKS.name, key, service.flush_task(key, due), partition)
+
+
+TOKEN_GC_INTERVAL_S = float(os.environ.get("QIM_NOTIFY_TOKEN_GC_INTERVAL_S", "3600"))
+"""How often the 16.6 inactive-token GC sweeps this worker's tokens (a day of precision is
+plenty for ``push_token_inactive_days``; tests set it short)."""
+
+
+@app.timer(interval=TOKEN_GC_INTERVAL_S)  # type: ignore[untyped-decorator]
+async def gc_inactive_tokens() -> None:
+    """Tokens idle past ``push_token_inactive_days`` become ``inactive`` delete commands."""
+    for key, value in service.inactive_sweep(_now_ms()):
+        await _send(DEVICE_TOKEN_COMMANDS.name, key, value, _partition_of(DeviceKey.decode(key)))
 
 
 def _json(web: View, status: int, body: dict[str, Any]) -> Response:

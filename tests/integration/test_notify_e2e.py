@@ -6,7 +6,8 @@ alice has a phone (token registered, then offline) and a desktop (token register
 bob and carol send her messages. The phone is woken through the APNs stand-in with the badge
 of alice's UserBadgeState; the desktop gets the socket and never a push; a read on the desktop
 sends the phone a silent badge push of 0; a 410 deletes the phone's token and the digest
-tombstone reaches the MailboxNode.
+tombstone reaches the MailboxNode. A conversation alice muted (16.4) wakes the phone with no
+alert, while its unread still counts and an unmuted conversation still alerts.
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ pytestmark = pytest.mark.integration
 SETTINGS = Settings.load()
 PHONE_TOKEN = "e1" * 32
 DESKTOP_TOKEN = "e2" * 32
+MUTED_PHONE_TOKEN = "e3" * 32
 WAIT_S = 120.0
 
 
@@ -174,6 +176,21 @@ class Scene:
         finally:
             await consumer.stop()
 
+    async def listed(
+        self, client: QimClient, conversation_id: str, check: Callable[..., bool]
+    ) -> Any:
+        """PULL_SESSION_LIST until ``conversation_id``'s row passes ``check`` (server state)."""
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while True:
+            rows = {
+                e.conversation_id: e for e in (await client.pull_session_list(limit=50)).sessions
+            }
+            row = rows.get(conversation_id)
+            if row is not None and check(row):
+                return row
+            assert asyncio.get_running_loop().time() < deadline, f"{conversation_id}: {row}"
+            await asyncio.sleep(0.3)
+
     async def aclose(self) -> None:
         for c in self.clients:
             await c.close()
@@ -238,5 +255,66 @@ async def test_offline_phone_is_woken_with_the_badge_and_the_online_desktop_neve
         dead = await scene.wait_received(PHONE_TOKEN, count + 1)
         assert dead[-1]["status"] == 410
         await _until(lambda: scene.digests() == before + 1, "tombstone never reached the node")
+    finally:
+        await scene.aclose()
+
+
+async def test_a_muted_conversation_wakes_no_alert_while_its_unread_counts_and_others_alert(
+    running: Stack,
+) -> None:
+    scene = Scene(running)
+    try:
+        before = await asyncio.to_thread(scene.digests)
+        phone, phone_token, phone_epoch = await scene.login("alice", "phone")
+        await scene.register(phone_token, "phone", phone_epoch, MUTED_PHONE_TOKEN)
+        desktop, _, _ = await scene.login("alice", "desktop")
+        await _until(lambda: scene.digests() >= before + 1, "digest never reached the node")
+        await phone.close()
+        await _until(lambda: scene.online("alice") == ["desktop"], "phone still online")
+        with_bob = desktop.direct_conversation_id("bob")
+        with_carol = desktop.direct_conversation_id("carol")
+
+        def alerts(got: list[dict[str, Any]]) -> list[str]:
+            return [
+                r["payload"]["conversation_id"]
+                for r in got
+                if r["headers"]["apns-push-type"] == "alert"
+            ]
+
+        bob, _, _ = await scene.login("bob", "phone")
+        await bob.send_direct("alice", b"before the mute", client_message_id="m1")
+        await scene.wait_received(MUTED_PHONE_TOKEN, 1)
+        assert alerts(await scene.received(MUTED_PHONE_TOKEN)) == [with_bob]
+
+        # alice mutes bob on the desktop; the server's state says so before bob writes again.
+        await desktop.mute(with_bob)
+        await scene.listed(desktop, with_bob, lambda r: r.muted)
+        await bob.send_direct("alice", b"while muted", client_message_id="m2")
+        # Barrier: the muted message is materialized in alice's mailbox and counts unread.
+        await scene.listed(desktop, with_bob, lambda r: r.unread_count == 2)
+
+        carol, _, _ = await scene.login("carol", "phone")
+        await carol.send_direct("alice", b"not muted", client_message_id="m3")
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+        while with_carol not in alerts(got := await scene.received(MUTED_PHONE_TOKEN)):
+            assert asyncio.get_running_loop().time() < deadline, got
+            await asyncio.sleep(0.3)
+        assert alerts(got) == [with_bob, with_carol]  # nothing for the muted message
+        woke = next(r for r in got if r["payload"].get("conversation_id") == with_carol)
+        # include_muted_in_badge is off by default: bob's 2 unread count in muted_unread only.
+        assert woke["payload"]["aps"]["badge"] == 1
+        assert woke["payload"]["muted_unread"] == 2
+        # Every PushTask of alice up to carol's alert (her partition, in order): the muted
+        # message made no alert task, only silent badge ones.
+        tasks = await scene.tasks_until("alice", woke["payload"]["event_id"], "phone")
+        assert [t.conversation_id for t in tasks if t.kind == "alert"] == [with_bob, with_carol]
+
+        # Unmuted again: bob's next message alerts.
+        await desktop.mute(with_bob, muted=False)
+        await scene.listed(desktop, with_bob, lambda r: not r.muted)
+        await bob.send_direct("alice", b"after the mute", client_message_id="m4")
+        while alerts(got := await scene.received(MUTED_PHONE_TOKEN)).count(with_bob) < 2:
+            assert asyncio.get_running_loop().time() < deadline + WAIT_S, got
+            await asyncio.sleep(0.3)
     finally:
         await scene.aclose()

@@ -11,6 +11,7 @@ waits for a later positive barrier in the same partition (same user), never for 
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -22,13 +23,21 @@ import pytest
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from redis.asyncio import Redis
 
+from qim.agents.notify.sealing import load_sealer
 from qim.auth.config import AuthConfig, load_keyring
 from qim.auth.service import AuthService
 from qim.core.notify.rules import collapse_id
+from qim.core.notify.tokens import DAY_MS
 from qim.devstack.stack import Stack
 from qim.params import Settings
-from qim.schemas.records.notify import DeviceKey, PushTask, decode_digest, encode
-from qim.streams.topics import DEVICE_TOKEN_DIGEST, PUSH_TASKS
+from qim.schemas.records.notify import (
+    DeviceKey,
+    DeviceTokenCommand,
+    PushTask,
+    decode_digest,
+    encode,
+)
+from qim.streams.topics import DEVICE_TOKEN_COMMANDS, DEVICE_TOKEN_DIGEST, PUSH_TASKS
 from tests.integration.workers import FaustWorker
 
 pytestmark = pytest.mark.integration
@@ -47,7 +56,10 @@ def _partition(key: DeviceKey) -> int:
 @pytest.fixture(scope="module")
 def notify_worker(stack: Stack, tmp_path_factory: pytest.TempPathFactory) -> Iterator[FaustWorker]:
     stack.start_push_standins()
-    worker = FaustWorker(stack, "qim.apps.notify", tmp_path_factory.mktemp("notify"), {})
+    # The 16.6 GC sweeps every second here (hourly by default): only tokens idle for 90 days
+    # are touched, which no other test of the module registers.
+    gc = {"QIM_NOTIFY_TOKEN_GC_INTERVAL_S": "1"}
+    worker = FaustWorker(stack, "qim.apps.notify", tmp_path_factory.mktemp("notify"), gc)
     try:
         worker.start()
         yield worker
@@ -353,3 +365,53 @@ async def test_the_eleventh_alert_in_a_minute_becomes_a_silent_badge_update(
     assert len(silent) == 1 and len(got) == 11
     assert silent[0]["payload"]["aps"] == {"badge": 11, "content-available": 1}
     assert silent[0]["payload"]["event_id"] == "e10"
+
+
+async def test_fcm_unregistered_deletes_the_token_and_publishes_a_tombstone(
+    harness: Harness,
+) -> None:
+    h = harness
+    token = "fcm-" + "u" * 60
+    access, epoch = await h.login("frank", "android")
+    body = {"device_id": "android", "session_epoch": epoch, "provider": "FCM", "token": token}
+    assert (await h.register(access, body))[0] == 200
+    key = DeviceKey(h.tenant, "frank", "android")
+    await h.digests(key, key)
+    await h.plan("FCM", token, [404])
+    await h.push("frank", "android", event_id="e1", mailbox_seq=1, conversation_id="c")
+    [got] = await h.wait_received(token, 1)
+    assert got["status"] == 404
+    assert (await h.digests(key, key, tombstone=True))[-1] is None
+
+
+async def test_a_token_idle_past_push_token_inactive_days_is_collected(harness: Harness) -> None:
+    h = harness
+    fresh = "f6" * 32
+    access, epoch = await h.login("gina", "ipad")
+    assert (await h.register(access, _apns("ipad", epoch, fresh)))[0] == 200
+    fresh_key = DeviceKey(h.tenant, "gina", "ipad")
+    await h.digests(fresh_key, fresh_key)
+    # A phone whose token last succeeded 91 days ago: registered as the API would, back-dated.
+    old_key = DeviceKey(h.tenant, "gina", "phone")
+    assert _partition(old_key) == _partition(fresh_key)
+    sealer = load_sealer(h.stack.cfg.env())
+    now_ms = int(time.time() * 1000)
+    old = DeviceTokenCommand(
+        request_id="r-old",
+        tenant_id=h.tenant,
+        user_id="gina",
+        device_id="phone",
+        provider="APNS",
+        sealed_token=sealer.seal("f7" * 32, old_key.encode()),
+        token_fingerprint=sealer.fingerprint("f7" * 32),
+        at_ms=now_ms - 91 * DAY_MS,
+    )
+    await h.producer.send_and_wait(
+        DEVICE_TOKEN_COMMANDS.name, encode(old), key=old_key.encode(), partition=_partition(old_key)
+    )
+    values = await h.digests(old_key, old_key, tombstone=True)
+    assert values[0] is not None and values[-1] is None  # registered, then collected
+    # The fresh token is kept: a push to it after the tombstone is delivered.
+    await h.push("gina", "ipad", event_id="e1", mailbox_seq=1, conversation_id="c")
+    [got] = await h.wait_received(fresh, 1)
+    assert got["status"] == 200

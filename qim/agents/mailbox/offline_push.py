@@ -32,10 +32,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from qim.core.mailbox import MailboxReader, WrittenGroup
 from qim.core.mailbox.ports import KVReader
-from qim.core.mailbox.session_store import load_header
+from qim.core.mailbox.session_store import load_header, load_state
 from qim.core.mailbox.sessions import SessionChange
-from qim.core.notify.tasks import Badge, DigestCache, UserFold, plan_push_tasks
+from qim.core.notify.tasks import Badge, DigestCache, UserFold, plan_push_tasks, push_policy
 from qim.core.push import ShardPresenceCache
+from qim.schemas.frames.mailbox import SyncEntry
 from qim.schemas.records.notify import DeviceKey, PushTask, decode_digest, encode
 from qim.schemas.seqs import split_mailbox_seq
 
@@ -129,8 +130,9 @@ def user_folds(
 ) -> list[UserFold]:
     """Per user of the fold with a registered device (``wakeable``, checked first so a fold
     of users without push tokens reads nothing more): its new entries (read back from the
-    committed store) and its badge."""
-    entries: dict[tuple[str, str], list[object]] = {}
+    committed store), its badge, and the 16.4 push policy of each entry's conversation (the
+    user's UserConversationState ``muted`` / ``notification_policy`` as committed)."""
+    entries: dict[tuple[str, str], list[SyncEntry]] = {}
     for group in sorted(written, key=lambda g: (g.tenant_id, g.user_id, g.mailbox_seq)):
         if split_mailbox_seq(group.mailbox_seq).log_offset < push_from_offset:
             continue  # replay below the takeover point: the previous owner pushed it
@@ -149,15 +151,23 @@ def user_folds(
     folds = []
     for tenant, user in sorted(set(entries) | changed):
         b = load_header(store, tenant, user).badge
+        mine = entries.get((tenant, user), [])
+        policies = []
+        for conversation_id in sorted({e.conversation_id for e in mine}):
+            state = load_state(store, tenant, user, conversation_id)
+            policy = push_policy(state.muted, state.notification_policy)
+            if policy != "ALL":
+                policies.append((conversation_id, policy))
         folds.append(
             UserFold(
                 tenant_id=tenant,
                 user_id=user,
-                entries=tuple(entries.get((tenant, user), ())),  # type: ignore[arg-type]
+                entries=tuple(mine),
                 badge=Badge(
                     b.total_unread, b.total_mention, b.muted_unread, b.badge_projection_mailbox_seq
                 ),
                 badge_changed=(tenant, user) in changed,
+                policies=tuple(policies),
             )
         )
     return folds

@@ -9,11 +9,15 @@ the event's partition, which is the user's mailbox shard for every topic here).
   the agent moves on. At-least-once: a crash before the offset commit replays the command,
   which lands on the same state (an overwrite is idempotent; a delete of nothing publishes the
   tombstone again). A conditional delete (``token_fingerprint`` set, a provider's 410) only
-  deletes if the stored token is still the one that failed.
+  deletes if the stored token is still the one that failed; a GC delete (reason
+  ``inactive``, from :meth:`NotifyService.inactive_sweep`) only if the token is still idle past
+  ``push_token_inactive_days`` when it lands (16.6). A ``success`` command (a delivered push,
+  at most once a day per token) moves ``last_success_at``.
 * :meth:`NotifyService.on_push_task`: no token -> nothing (16.1.1); else the pure rules of
   :mod:`qim.core.notify.rules` (dedup, merge, rate) on the device's state table, and each push
   to send is handed to a delivery task (retries 1/4/16 s without stalling the partition). A
-  ``kind="flush"`` task closes the device's ended merge windows; the app's timer produces them
+  ``kind="flush"`` task closes the device's ended merge windows (and ended quiet hours, 16.4,
+evaluated in the DeviceToken's ``timezone``); the app's timer produces them
   for the windows :attr:`NotifyService.due` knows of. The dedup set is written to the table
   (changelog) before the push goes out, so a replay after a crash never notifies twice.
 """
@@ -34,11 +38,18 @@ from qim.agents.notify.delivery import Delivery, deliver, notification_for
 from qim.agents.notify.providers import PushProvider
 from qim.agents.notify.sealing import TokenSealer
 from qim.core.notify.rules import DeviceState, PushPolicy, Send, admit, flush_due, next_flush_at
+from qim.core.notify.tokens import (
+    INACTIVE_REASON,
+    inactive_deletes,
+    should_record_success,
+    token_inactive,
+)
 from qim.schemas.records.notify import (
     DeviceKey,
     DeviceToken,
     DeviceTokenCommand,
     DeviceTokenDelete,
+    DeviceTokenSuccess,
     PushTask,
     decode_command,
     decode_device_token,
@@ -138,8 +149,24 @@ class NotifyService:
             return
         if isinstance(command, DeviceTokenCommand):
             await self._register(key, command, partition)
+        elif isinstance(command, DeviceTokenSuccess):
+            self._success(key, command)
         else:
             await self._delete(key, command, partition)
+
+    def _success(self, key: bytes, cmd: DeviceTokenSuccess) -> None:
+        stored = decode_device_token(self.tokens.get(key))
+        if (
+            stored is None
+            or stored.token_fingerprint != cmd.token_fingerprint
+            or cmd.at_ms <= stored.last_success_at
+        ):
+            self.commands.labels("success", "stale").inc()
+            return
+        self.tokens[key] = encode(
+            msgspec.structs.replace(stored, last_success_at=cmd.at_ms, last_failure_code="")
+        )
+        self.commands.labels("success", "recorded").inc()
 
     async def _register(self, key: bytes, cmd: DeviceTokenCommand, partition: int) -> None:
         previous = decode_device_token(self.tokens.get(key))
@@ -173,6 +200,15 @@ class NotifyService:
             and stored.token_fingerprint != cmd.token_fingerprint
         ):
             self.commands.labels("delete", "kept_newer_token").inc()
+            return
+        if (
+            stored is not None
+            and cmd.reason == INACTIVE_REASON
+            and not token_inactive(
+                stored.last_success_at, cmd.at_ms, self.policy.push_token_inactive_days
+            )
+        ):  # a success or a re-registration landed after the sweep saw it idle
+            self.commands.labels("delete", "kept_active").inc()
             return
         if stored is not None:
             del self.tokens[key]
@@ -223,6 +259,8 @@ class NotifyService:
                 badge_projection_mailbox_seq=task.badge_projection_mailbox_seq,
                 now_ms=now,
                 policy=self.policy,
+                mention_type=task.mention_type,
+                timezone=token.timezone,
             )
             self._save(key, state, partition)
             self.last_task[key] = task
@@ -254,6 +292,17 @@ class NotifyService:
         task = self.last_task.get(key)
         if result.outcome == "delivered" and task is not None and task.committed_at > 0:
             self.latency.observe(max(0.0, (self.now_ms() - task.committed_at) / 1000.0))
+        now = self.now_ms()
+        if result.outcome == "delivered" and should_record_success(token.last_success_at, now):
+            success = DeviceTokenSuccess(
+                request_id=f"success:{send.event_id}",
+                tenant_id=token.tenant_id,
+                user_id=token.user_id,
+                device_id=token.device_id,
+                token_fingerprint=token.token_fingerprint,
+                at_ms=now,
+            )
+            await self.send(self.commands_topic, key, encode(success), partition)
         if result.outcome == "delete_token":
             delete = DeviceTokenDelete(
                 request_id=f"provider:{send.event_id}",
@@ -265,6 +314,16 @@ class NotifyService:
                 at_ms=self.now_ms(),
             )
             await self.send(self.commands_topic, key, encode(delete), partition)
+
+    def inactive_sweep(self, now_ms: int) -> list[tuple[bytes, bytes]]:
+        """(key, DeviceTokenDelete) of every token of this worker's partitions idle past
+        ``push_token_inactive_days`` (16.6 GC); the app produces them to the command topic
+        so the deletion and its tombstone happen in the agent, like any other delete."""
+        tokens = [t for raw in self.tokens.values() if (t := decode_device_token(raw))]
+        deletes = inactive_deletes(
+            tokens, now_ms=now_ms, inactive_days=self.policy.push_token_inactive_days
+        )
+        return [(d.key.encode(), encode(d)) for d in deletes]
 
     def _ratio(self, outcome: str) -> float:
         total = sum(self.verdicts.values())

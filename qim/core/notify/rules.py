@@ -18,6 +18,15 @@ The order of the rules on a PushTask (16.2 / 16.5):
    ``push_rate_per_conversation_per_min`` for one conversation, within a minute -> the alert
    becomes a silent badge update. Never dropped without a badge update (INV-56).
 
+Quiet hours (16.4, ``push_quiet_hours``, off by default) come between 2 and 3: the daily
+window is evaluated in the device's own ``DeviceToken.timezone`` (:func:`quiet_until`; an
+empty or unknown zone reads as UTC). Inside it a normal alert becomes a silent badge update
+(reason ``quiet_hours``: the badge moves, nothing sounds or shows) and opens no merge window;
+``AT_ME`` / ``REPLY_ME`` break through (``quiet_hours_mentions_break_through``, default on;
+decision: ``AT_ALL`` is not "@me" and stays quiet). Nothing is held back, so leaving the
+window resends no backlog: :func:`flush_due` sends ONE badge update with the latest numbers
+once the window has ended.
+
 Retries (16.5): only 5xx and timeouts, ``push_retry_max_attempts`` with backoff 1 s / 4 s /
 16 s; :func:`classify` maps a provider answer onto retry / delete the token / give up.
 """
@@ -25,8 +34,11 @@ Retries (16.5): only 5xx and timeouts, ``push_retry_max_attempts`` with backoff 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
 from typing import Final, Literal
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
+from qim.params.values import QuietHours
 from qim.schemas.hashing import blake3_digest, hash_input
 
 __all__ = [
@@ -42,6 +54,7 @@ __all__ = [
     "flush_due",
     "next_flush_at",
     "pd1_push",
+    "quiet_until",
     "retry_delay_ms",
 ]
 
@@ -61,6 +74,9 @@ class PushPolicy:
     push_rate_per_user_per_min: int = 10
     push_rate_per_conversation_per_min: int = 3
     push_retry_max_attempts: int = 3
+    push_quiet_hours: QuietHours | None = None
+    push_token_inactive_days: int = 90
+    quiet_hours_mentions_break_through: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,6 +105,7 @@ class DeviceState:
     seen: tuple[tuple[str, int], ...] = ()  # (event_id, first seen at)
     sent: tuple[tuple[str, int], ...] = ()  # (conversation_id, alert sent at), last minute
     windows: tuple[tuple[str, Window], ...] = ()  # conversation_id -> window
+    quiet: Window | None = None  # alerts quieted until ``ends_at``; the latest badge numbers
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +130,34 @@ def collapse_id(conversation_id: str) -> str:
     """16.2.3: ``hash(conversation_id)``, 32 hex chars (APNs allows 64 bytes); the same for
     ``apns-collapse-id`` and FCM ``collapse_key``, so a merged alert replaces the first."""
     return blake3_digest(hash_input("collapse", conversation_id))[:16].hex()
+
+
+_QUIET_BREAK_THROUGH: Final = frozenset({"AT_ME", "REPLY_ME"})
+
+
+def _zone(name: str) -> ZoneInfo:
+    try:
+        return ZoneInfo(name) if name else ZoneInfo("UTC")
+    except (ZoneInfoNotFoundError, ValueError):
+        return ZoneInfo("UTC")
+
+
+def quiet_until(quiet: QuietHours | None, timezone: str, now_ms: int) -> int | None:
+    """16.4: the instant (ms) the daily quiet window ends if ``now_ms`` is inside it in the
+    device's local time (``timezone``, an IANA name), else None. A window may wrap past
+    midnight; ``start_minute == end_minute`` is an empty window."""
+    if quiet is None or quiet.start_minute == quiet.end_minute:
+        return None
+    zone = _zone(timezone)
+    local = datetime.fromtimestamp(now_ms / 1000, tz=UTC).astimezone(zone)
+    minute = local.hour * 60 + local.minute
+    start, end = quiet.start_minute, quiet.end_minute
+    inside = start <= minute < end if start < end else (minute >= start or minute < end)
+    if not inside:
+        return None
+    day = local.date() if minute < end else local.date() + timedelta(days=1)
+    ends = datetime(day.year, day.month, day.day, end // 60, end % 60, tzinfo=zone)
+    return int(ends.timestamp() * 1000)
 
 
 def _prune(state: DeviceState, now_ms: int, policy: PushPolicy) -> DeviceState:
@@ -155,8 +200,13 @@ def admit(
     badge_projection_mailbox_seq: int,
     now_ms: int,
     policy: PushPolicy,
+    mention_type: str = "NONE",
+    timezone: str = "",
 ) -> tuple[DeviceState, list[Send]]:
-    """One PushTask for this device: the new state and the pushes to send now (0 or 1)."""
+    """One PushTask for this device: the new state and the pushes to send now (0 or 1).
+
+    ``mention_type`` and ``timezone`` (the DeviceToken's) drive the quiet hours (module doc).
+    """
     if state.token_fingerprint != token_fingerprint:
         state = DeviceState(token_fingerprint=token_fingerprint)
     state = _prune(state, now_ms, policy)
@@ -175,8 +225,18 @@ def admit(
         muted_unread=muted_unread,
         badge_projection_mailbox_seq=badge_projection_mailbox_seq,
     )
+    if state.quiet is not None and badge_projection_mailbox_seq >= (
+        state.quiet.badge_projection_mailbox_seq
+    ):
+        state = replace(state, quiet=_numbers(state.quiet, send))
     if send.kind == "badge":
         return state, [send]
+    breaks = policy.quiet_hours_mentions_break_through and mention_type in _QUIET_BREAK_THROUGH
+    until = None if breaks else quiet_until(policy.push_quiet_hours, timezone, now_ms)
+    if until is not None:
+        held = state.quiet or _numbers(Window(ends_at=until), send)  # newer numbers: above
+        quiet = replace(held, ends_at=until, pending=held.pending + 1)
+        return replace(state, quiet=quiet), [replace(send, kind="badge", reason="quiet_hours")]
     windows = dict(state.windows)
     open_window = windows.get(conversation_id)
     if open_window is not None and now_ms < open_window.ends_at:
@@ -197,9 +257,24 @@ def admit(
     return state, [send]
 
 
+def _numbers(window: Window, send: Send) -> Window:
+    return replace(
+        window,
+        last_event_id=send.event_id,
+        last_mailbox_seq=send.mailbox_seq,
+        total_unread=send.total_unread,
+        total_mention=send.total_mention,
+        muted_unread=send.muted_unread,
+        badge_projection_mailbox_seq=send.badge_projection_mailbox_seq,
+    )
+
+
 def next_flush_at(state: DeviceState) -> int | None:
-    """When the earliest window that holds something back ends (None: nothing pending)."""
+    """When the earliest window that holds something back ends, or the quiet hours that
+    quieted an alert end (None: nothing pending)."""
     ends = [w.ends_at for _, w in state.windows if w.pending]
+    if state.quiet is not None:
+        ends.append(state.quiet.ends_at)
     return min(ends) if ends else None
 
 
@@ -207,9 +282,28 @@ def flush_due(
     state: DeviceState, *, now_ms: int, policy: PushPolicy
 ) -> tuple[DeviceState, list[Send]]:
     """Close every window that ended: one merged "N new messages" alert per window that held
-    messages back (rate limits apply to it too), and forget empty ended windows."""
+    messages back (rate limits apply to it too), and forget empty ended windows. Quiet hours
+    that ended: ONE silent badge update with the latest numbers, never the backlog (16.4)."""
     state = _prune(state, now_ms, policy)
     sends: list[Send] = []
+    quiet = state.quiet
+    if quiet is not None and now_ms >= quiet.ends_at:
+        sends.append(
+            Send(
+                kind="badge",
+                event_id=f"quiet:{quiet.ends_at}:{quiet.badge_projection_mailbox_seq}",
+                conversation_id="",
+                collapse_id="",
+                merged_count=quiet.pending,
+                mailbox_seq=quiet.last_mailbox_seq,
+                total_unread=quiet.total_unread,
+                total_mention=quiet.total_mention,
+                muted_unread=quiet.muted_unread,
+                badge_projection_mailbox_seq=quiet.badge_projection_mailbox_seq,
+                reason="quiet_hours_end",
+            )
+        )
+        state = replace(state, quiet=None)
     windows: dict[str, Window] = {}
     for conversation_id, window in state.windows:
         if now_ms < window.ends_at:

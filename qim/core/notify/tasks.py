@@ -15,6 +15,16 @@ and desktop online -> the phone is pushed, the desktop is not).
   -> a silent ``badge`` task, event id ``badge:<badge_projection_mailbox_seq>`` so a replay of
   the same version is deduplicated by the NotificationService.
 
+Mute and ``notification_policy`` (16.4) apply here, at the push layer only: each alert entry
+passes :func:`notifies` under its conversation's :func:`push_policy` (``ALL`` -> every
+unread-counting event; ``MENTION_ONLY``, which ``muted`` lowers ``ALL`` to -> only ``AT_ME`` /
+``AT_ALL`` / ``REPLY_ME``; ``NONE`` -> nothing, not even @me). Unread, ``total_mention``, the
+list and the badge are untouched (the fold wrote them already). A suppressed entry is treated
+like an entry that makes no alert: when the fold changed the badge and no other alert of the
+fold carries it, the device gets the silent ``badge`` task (decision: a muted message still
+moves ``muted_unread`` / ``total_unread`` per ``include_muted_in_badge``, and 16.3 wants every
+badge change on the offline device; it never sounds or shows a banner).
+
 The second check for online devices (PUSHED / APPLIED evidence within ``push_grace_window``,
 CONN_CLOSED catch-up) is not planned here yet: an online device is trusted to its socket.
 """
@@ -23,12 +33,13 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Final
 
 from qim.schemas.frames.base import EntryFlags, EventType, MentionType
 from qim.schemas.frames.mailbox import SyncEntry
 from qim.schemas.records.notify import DeviceKey, DeviceTokenDigest, PushTask
 
-__all__ = ["Badge", "DigestCache", "UserFold", "plan_push_tasks"]
+__all__ = ["Badge", "DigestCache", "UserFold", "notifies", "plan_push_tasks", "push_policy"]
 
 _MENTIONS = {
     MentionType.NONE: "NONE",
@@ -36,6 +47,29 @@ _MENTIONS = {
     MentionType.AT_ALL: "AT_ALL",
     MentionType.REPLY_ME: "REPLY_ME",
 }
+
+_BREAK_THROUGH: Final = frozenset({"AT_ME", "AT_ALL", "REPLY_ME"})
+"""16.4: the ``mention_type`` values a ``MENTION_ONLY`` conversation still alerts for."""
+
+
+def push_policy(muted: bool, notification_policy: str) -> str:
+    """16.4: the policy push applies to one conversation. ``NONE`` stays ``NONE``; ``muted``
+    lowers ``ALL`` to ``MENTION_ONLY`` (muting alone never silences @me). Anything else than the
+    three values reads as ``ALL``: a wrong value must cost an extra wake-up, never a silence."""
+    if notification_policy == "NONE":
+        return "NONE"
+    if muted or notification_policy == "MENTION_ONLY":
+        return "MENTION_ONLY"
+    return "ALL"
+
+
+def notifies(policy: str, mention_type: str) -> bool:
+    """16.4: whether an unread-counting event of ``mention_type`` alerts under ``policy``."""
+    if policy == "NONE":
+        return False
+    if policy == "MENTION_ONLY":
+        return mention_type in _BREAK_THROUGH
+    return True
 
 
 @dataclass
@@ -80,19 +114,25 @@ class Badge:
 
 @dataclass(frozen=True, slots=True)
 class UserFold:
-    """What one committed fold did for one user: new entries, the badge, whether it changed."""
+    """What one committed fold did for one user: new entries, the badge, whether it changed.
+
+    ``policies`` are ``(conversation_id, push_policy)`` of the entries' conversations whose
+    policy is not ``ALL`` (:func:`push_policy` of the user's UserConversationState)."""
 
     tenant_id: str
     user_id: str
     entries: tuple[SyncEntry, ...]
     badge: Badge
     badge_changed: bool
+    policies: tuple[tuple[str, str], ...] = ()
 
 
-def _alerting(entry: SyncEntry) -> bool:
-    return entry.event_type in (EventType.MESSAGE, EventType.MENTION) and bool(
+def _alerting(entry: SyncEntry, policies: Mapping[str, str]) -> bool:
+    counts = entry.event_type in (EventType.MESSAGE, EventType.MENTION) and bool(
         entry.flags & EntryFlags.COUNTS_UNREAD
     )
+    policy = policies.get(entry.conversation_id, "ALL")
+    return counts and notifies(policy, _MENTIONS.get(entry.mention_type, "NONE"))
 
 
 def plan_push_tasks(
@@ -114,7 +154,10 @@ def plan_push_tasks(
         targets = [d for d in wakeable if d not in on]
         if not targets:
             continue
-        alerts = sorted((e for e in fold.entries if _alerting(e)), key=lambda e: e.mailbox_seq)
+        policies = dict(fold.policies)
+        alerts = sorted(
+            (e for e in fold.entries if _alerting(e, policies)), key=lambda e: e.mailbox_seq
+        )
         b = fold.badge
         for device in targets:
             for entry in alerts:

@@ -11,6 +11,8 @@ the registration wrote it to.
 * :class:`DeviceTokenCommand` (HTTP management API -> NotificationService): register /
   overwrite / delete. The token is **sealed before it is produced** (AES-GCM, see
   ``qim.agents.notify.sealing``), so no plaintext push token is ever in Kafka.
+* :class:`DeviceTokenDelete` (the API, a provider's "token dead" answer, the 16.6 GC) and
+  :class:`DeviceTokenSuccess` (a delivered push: ``last_success_at``), service -> itself.
 * :class:`DeviceToken`: the NotificationService's internal table value (16.6); never read by
   anyone else (17.3).
 * :class:`DeviceTokenDigest`: the external contract on the compacted ``device_token_digest``
@@ -38,7 +40,9 @@ __all__ = [
     "DeviceKey",
     "DeviceToken",
     "DeviceTokenCommand",
+    "DeviceTokenDelete",
     "DeviceTokenDigest",
+    "DeviceTokenSuccess",
     "Provider",
     "PushKind",
     "PushTask",
@@ -114,6 +118,22 @@ class DeviceTokenDelete(_Record, frozen=True, tag_field="op", tag="delete"):
         return DeviceKey(self.tenant_id, self.user_id, self.device_id)
 
 
+class DeviceTokenSuccess(_Record, frozen=True, tag_field="op", tag="success"):
+    """A provider accepted a push to this token at ``at_ms``: moves ``last_success_at`` (16.6
+    GC), only if the stored token is still ``token_fingerprint`` and the time is newer."""
+
+    request_id: str
+    tenant_id: str
+    user_id: str
+    device_id: str
+    token_fingerprint: str
+    at_ms: int
+
+    @property
+    def key(self) -> DeviceKey:
+        return DeviceKey(self.tenant_id, self.user_id, self.device_id)
+
+
 class DeviceToken(_Record, frozen=True):
     """The internal table value (16.6 field list); the token only as ``sealed_token``."""
 
@@ -178,7 +198,7 @@ class PushTask(_Record, frozen=True):
         return DeviceKey(self.tenant_id, self.user_id, self.device_id)
 
 
-Command = DeviceTokenCommand | DeviceTokenDelete
+Command = DeviceTokenCommand | DeviceTokenDelete | DeviceTokenSuccess
 
 _ENCODER: Final = msgspec.msgpack.Encoder()
 _COMMANDS: Final = msgspec.msgpack.Decoder(Command)
