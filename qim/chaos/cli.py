@@ -98,6 +98,8 @@ def write_report(out_dir: Path, report: dict[str, Any]) -> tuple[Path, Path]:
             f"Frames by kind: {report['frames_by_kind']}.", "",
             f"Replies by opcode: {report['replies_by_opcode']}.", "",
             f"Closes by WebSocket code: {report['closes_by_code']}.", "",
+            f"Frames written behind a closing kind on the same connection (never read: the "
+            f"gateway closes there): {report.get('frames_after_a_closing_kind', '-')}.", "",
             f"Observer: {report['observer']}.", "",
             f"Gateway RSS (bytes): {report['gateway_rss_bytes']}.", "",
         ]  # fmt: skip

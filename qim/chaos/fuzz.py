@@ -258,6 +258,9 @@ class _Tally:
     replies: Counter[str]
     closes: Counter[str]
     reconnects: int = 0
+    after_closing: int = 0
+    """frames written behind a CLOSING kind on the same connection: the gateway closes at that
+    frame (or at a later one), so up to this many are never read and get no answer"""
 
 
 async def _fuzz_connection(
@@ -288,11 +291,15 @@ async def _fuzz_connection(
                 await asyncio.sleep(0.5)
                 continue
             reader = asyncio.create_task(_drain(ws, tally))
+            closing_sent = False
             while left > 0:  # until the gateway closes it (a CLOSING kind) or all are sent
                 for _ in range(min(params.burst, left)):
                     kind, data = gen.next()
                     tally.sent[kind] += 1
                     left -= 1
+                    if closing_sent:
+                        tally.after_closing += 1
+                    closing_sent = closing_sent or kind in CLOSING
                     for message in data if isinstance(data, list) else [data]:
                         await ws.send(message)
                 await asyncio.sleep(0)  # let the reader run between bursts
@@ -432,6 +439,7 @@ async def run_fuzz(
         "frames_by_kind": dict(sorted(tally.sent.items())),
         "replies_by_opcode": dict(sorted(tally.replies.items())),
         "closes_by_code": dict(sorted(tally.closes.items())),
+        "frames_after_a_closing_kind": tally.after_closing,
         "observer": observed,
         "gateway_alive": alive,
         "gateway_rss_bytes": {"before": rss_before, "peak": peak, "after": rss_after},
