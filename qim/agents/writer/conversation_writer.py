@@ -18,7 +18,11 @@ Lifecycle of a partition:
   transaction as a task while the loop keeps fetching the others; the task resumes the
   partition when done, if the same ``OwnedPartition`` still serves it (a give-up or a revocation
   leaves the resume to the restore). So one transaction at a time per partition, in log order,
-  and no partition waits for another's commit.
+  and no partition waits for another's commit. With ``linger_ms`` (``QIM_WRITER_LINGER_MS``)
+  the first fetch of a resumed partition opens a *gather* instead: the partition keeps
+  fetching, later records join it, and after ``linger_ms`` (or at ``min_batch`` requests) it
+  pauses and runs as one transaction -- fewer transactions at low rates, where each carries
+  one request otherwise (bench/README.md round 4).
 * a failed transaction -> the state is dropped (it may be ahead of the log) and the partition is
   restored again; after ProducerFenced only once a session timeout passed without the group
   taking the partition away (a fenced member is about to be revoked). The restore starts a new
@@ -74,6 +78,27 @@ log = logging.getLogger(__name__)
 _RETRY_S = 1.0
 
 
+class _Gather:
+    """A partition's fetched requests waiting for its next transaction (``linger_ms``)."""
+
+    def __init__(self, owned: OwnedPartition, records: list[Any], min_batch: int) -> None:
+        self.owned = owned
+        self.records = records
+        self.min_batch = min_batch
+        self.open = True
+        self.full = asyncio.Event()
+        self.task: asyncio.Task[None] | None = None
+        self._check()
+
+    def add(self, records: list[Any]) -> None:
+        self.records.extend(records)
+        self._check()
+
+    def _check(self) -> None:
+        if len(self.records) >= self.min_batch:
+            self.full.set()
+
+
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
     def __init__(self, service: ConversationWriterService) -> None:
         self._service = service
@@ -107,6 +132,7 @@ class ConversationWriterService(Service):
         self._dormant: dict[int, PartitionWriter] = {}
         self._restoring: dict[int, asyncio.Task[None]] = {}
         self._inflight: dict[int, asyncio.Task[None]] = {}
+        self._gathering: dict[int, _Gather] = {}
         self._semaphore = asyncio.Semaphore(options.restore_concurrency)
         self._assigned_at = 0.0
         self.metrics = WriterMetrics(self.registry, self.status)
@@ -245,10 +271,52 @@ class ConversationWriterService(Service):
                 await self.sleep(0.2)
                 continue
             for tp, records in batches.items():
-                self._pause(tp.partition)  # until its transaction is done: one at a time
-                task = asyncio.create_task(self._process(tp, records), name=f"txn-p{tp.partition}")
-                self._inflight[tp.partition] = task
-                task.add_done_callback(self._finished)
+                self._dispatch(tp, records)
+
+    def _dispatch(self, tp: TopicPartition, records: list[Any]) -> None:
+        """Start ``records``' transaction, or gather them for it (``linger_ms``)."""
+        p = tp.partition
+        owned = self._owned.get(p)
+        gather = self._gathering.get(p)
+        if gather is not None and gather.open:
+            if gather.owned is owned:
+                gather.add(records)
+                return
+            if gather.task is not None:  # a former owner's: the restore sought back
+                gather.task.cancel()
+            del self._gathering[p]
+        linger = self.options.linger_ms
+        fresh: _Gather | None = None
+        if owned is None or linger <= 0:
+            self._pause(p)  # until its transaction is done: one at a time
+            coro = self._process(tp, records)
+        else:
+            fresh = _Gather(owned, list(records), self.options.min_batch)
+            self._gathering[p] = fresh
+            coro = self._linger(tp, fresh, linger / 1000)
+        task = asyncio.create_task(coro, name=f"txn-p{p}")
+        if fresh is not None:
+            fresh.task = task
+        self._inflight[p] = task
+        task.add_done_callback(self._finished)
+
+    async def _linger(self, tp: TopicPartition, gather: _Gather, linger_s: float) -> None:
+        """Gather for ``linger_s`` (or ``min_batch`` records), then run them as one transaction.
+
+        Closing the gather and pausing the partition happen in one step, so no fetched record
+        can fall between this transaction and the next gather."""
+        p = tp.partition
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gather.full.wait(), linger_s)
+        finally:
+            gather.open = False
+            if self._gathering.get(p) is gather:
+                del self._gathering[p]
+        if self._owned.get(p) is not gather.owned:
+            return  # given up or revoked meanwhile: the restore seeks back and resumes
+        self._pause(p)
+        await self._process(tp, gather.records, gather.owned)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
         for p, t in list(self._inflight.items()):
@@ -257,8 +325,10 @@ class ConversationWriterService(Service):
         if not task.cancelled() and task.exception() is not None:
             log.error("transaction task failed", exc_info=task.exception())
 
-    async def _process(self, tp: TopicPartition, records: list[Any]) -> None:
-        owned = self._owned.get(tp.partition)
+    async def _process(
+        self, tp: TopicPartition, records: list[Any], owned: OwnedPartition | None = None
+    ) -> None:
+        owned = owned if owned is not None else self._owned.get(tp.partition)
         if owned is None:
             return  # not serving (restoring, failed): the restore seeks back to the commit
         async with owned.lock:

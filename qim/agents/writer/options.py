@@ -13,6 +13,8 @@ cover is ours and documented on the fields. Environment variables beyond ``QIM_<
   applies to tenants without their own list; a bad declaration stops the worker at start;
 * ``QIM_REGION_ID`` -- the ``region_id`` field of ids (spec 6.2), 0 by default;
 * ``QIM_WRITER_CHECKPOINT_EVERY`` -- outbox records between checkpoints;
+* ``QIM_WRITER_LINGER_MS`` / ``QIM_WRITER_MIN_BATCH`` -- the transaction cut
+  (``WriterOptions.linger_ms``, ``min_batch``; measured in ``bench/README.md`` round 4);
 * ``QIM_WRITER_CRASH_AT`` / ``QIM_WRITER_CRASH_CMID`` -- the crash test hook (``writer_txn``).
 """
 
@@ -43,9 +45,18 @@ from qim.streams.topics import (
     WRITER_SNAPSHOTS,
 )
 
-__all__ = ["GROUP_ID", "WriterOptions", "custom_types", "describe_topics", "tenant_settings"]
+__all__ = [
+    "GROUP_ID",
+    "LINGER_MS",
+    "WriterOptions",
+    "custom_types",
+    "describe_topics",
+    "tenant_settings",
+]
 
 GROUP_ID: Final = "qim-conversation-writers"
+LINGER_MS: Final = 0
+"""The default of ``WriterOptions.linger_ms`` (bench/README.md round 4)."""
 
 
 def tenant_settings(settings: Settings, raw: str | None) -> dict[str, Settings]:
@@ -87,6 +98,14 @@ class WriterOptions:
     """Outbox records between checkpoints: bounds the replay of a takeover."""
     checkpoint_interval_s: float = 60.0
     """...or this long since the last one, if anything was appended meanwhile."""
+    linger_ms: int = LINGER_MS
+    """How long a partition's first fetched requests wait for more before their transaction
+    starts (0: at once). A transaction costs ~5 serial broker round trips and a marker on every
+    partition it wrote whatever it carries, so at low rates (one request per fetch) this trades
+    up to ``linger_ms`` of SEND_ACK latency for fewer transactions. The partition keeps fetching
+    while it lingers; a reply still leaves only after its commit, and fencing is unchanged."""
+    min_batch: int = 500
+    """...or until this many requests are gathered, whichever comes first."""
     restore_concurrency: int = 4
     region_id: int = 0
     crash: CrashHook = field(default_factory=CrashHook)
@@ -119,9 +138,15 @@ class WriterOptions:
             ),
             store_caps=dict(store_caps or {}),
             checkpoint_every=int(env.get("QIM_WRITER_CHECKPOINT_EVERY", "1000")),
+            linger_ms=int(env.get("QIM_WRITER_LINGER_MS", LINGER_MS)),
+            min_batch=int(env.get("QIM_WRITER_MIN_BATCH", "500")),
             region_id=int(env.get("QIM_REGION_ID", "0")),
             crash=CrashHook.from_env(env),
         )
+
+    def __post_init__(self) -> None:
+        if self.linger_ms < 0 or self.min_batch < 1:
+            raise ValueError("QIM_WRITER_LINGER_MS must be >= 0 and QIM_WRITER_MIN_BATCH >= 1")
 
     @property
     def session_timeout_ms(self) -> int:
