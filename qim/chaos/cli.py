@@ -77,6 +77,8 @@ def _soak_lines(report: dict[str, Any]) -> list[str]:
         "",
         f"`qim replay projections --all`: exit {report['projections']['exit']}.",
         "",
+        f"`qim replay history --all`: exit {report.get('history', {}).get('exit', '-')}.",
+        "",
         f"Always-zero counters: {zero['counters_checked']} checked, non-zero {zero['nonzero']}, "
         f"pages not answering {zero['unanswered_pages']}, not exported {zero['not_exported']}.",
         "",

@@ -69,6 +69,7 @@ class Outcome:
     attempts: int
     seconds: float
     codes: Counter[str] = field(default_factory=Counter)
+    conversation_seq: int = 0  # the SEND_ACK's, once acked
 
 
 class Sender:
@@ -147,11 +148,11 @@ class Sender:
                 if client is None:
                     raise ConnectionClosedError("not connected")
                 if conversation_id is None:
-                    await client.send_direct(
+                    ack = await client.send_direct(
                         peer, payload, client_message_id=cmid, timeout=self.ack_timeout_s
                     )
                 else:
-                    await client.send_message(
+                    ack = await client.send_message(
                         conversation_id, payload, client_message_id=cmid,
                         timeout=self.ack_timeout_s,
                     )  # fmt: skip
@@ -178,7 +179,7 @@ class Sender:
                     break
                 continue
             else:
-                outcome.acked = True
+                outcome.acked, outcome.conversation_seq = True, ack.conversation_seq
                 break
             if clock() + delay > deadline:
                 break
@@ -198,6 +199,10 @@ class Accounting:
 
     sent: dict[str, str] = field(default_factory=dict)  # cmid -> recipient
     members: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    recalled: set[str] = field(default_factory=set)
+    """acked messages recalled afterwards: a recalled entry carries no body (13.4), so the
+    delivery check leaves them out; their recall's SEND_ACK is the check"""
+    recall_codes: Counter[str] = field(default_factory=Counter)
     """cmid -> every recipient of a group message (its ``sent`` value is the group)."""
     acked: set[str] = field(default_factory=set)
     unacked: dict[str, dict[str, int]] = field(default_factory=dict)
@@ -221,7 +226,7 @@ class Accounting:
     def expected(self) -> dict[str, set[str]]:
         """recipient -> the acknowledged messages it must have."""
         out: dict[str, set[str]] = {}
-        for cmid in self.acked:
+        for cmid in self.acked - self.recalled:
             for user in self.members.get(cmid, (self.sent[cmid],)):
                 out.setdefault(user, set()).add(cmid)
         return out
@@ -235,6 +240,8 @@ class Accounting:
             "attempts": self.attempts,
             "retry_codes": dict(sorted(self.codes.items())),
             "acked_per_s": round(len(self.acked) / seconds, 2),
+            "recalled": len(self.recalled),
+            "recall_failures": dict(sorted(self.recall_codes.items())),
             "not_acked_codes": dict(
                 sorted(sum(map(Counter, self.unacked.values()), Counter()).items())
             ),
@@ -289,9 +296,11 @@ async def group_load(
     interval_s: float = 1.0,
     budget_s: float = 60.0,
     payload_bytes: int = 64,
+    recall_every: int = 0,
 ) -> None:
     """One lane of group messages ``<tag>-<n>`` from ``sender`` into ``group`` until ``stop``;
-    each acked one must reach every one of ``members``."""
+    each acked one must reach every one of ``members``; every ``recall_every``-th acked one is
+    recalled right after its SEND_ACK (0: none)."""
     n = 0
     while not stop.is_set():
         cmid = f"{tag}-{n}"
@@ -301,10 +310,24 @@ async def group_load(
             group, cmid, payload_for(cmid, payload_bytes), budget_s, conversation_id=group
         )
         accounting.record_group(cmid, group, members, outcome)
+        if recall_every and outcome.acked and n % recall_every == 0:
+            await _recall(sender, group, cmid, outcome.conversation_seq, accounting)
         rest = interval_s - (clock() - began)
         if rest > 0:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), rest)
+
+
+async def _recall(sender: Sender, group: str, cmid: str, seq: int, accounting: Accounting) -> None:
+    client = sender.client
+    try:
+        if client is None:
+            raise ConnectionClosedError("not connected")
+        await client.recall(group, seq, timeout=sender.ack_timeout_s)
+    except Exception as exc:  # a fault in the way: the message stays expected, unrecalled
+        accounting.recall_codes[type(exc).__name__] += 1
+    else:
+        accounting.recalled.add(cmid)
 
 
 async def mailbox_cmids(

@@ -16,9 +16,13 @@ their lease, and Kafka and Redis restart; then the release gate of 26.8 (issue 2
      every process's page is 0 (a page that does not declare one fails);
    - **projections**: ``qim replay projections --all`` (every session list and badge equals a
      recount from the entries) exits 0;
+   - **history**: ``qim replay history --all`` (every writer partition's MessageStore equals
+     a rebuild from the outbox) exits 0;
    - **no repair**: every fault's process came back by itself (a fault that raised is named).
 
-``ok`` is all of them. Not covered yet: recalls and edits in the load.
+Every ``recall_every``-th group message is recalled right after its SEND_ACK; a recalled
+entry carries no body, so those leave the delivery check (their recall's ack is the check).
+``ok`` is all of them. Not covered yet: edits in the load.
 """
 
 from __future__ import annotations
@@ -78,6 +82,7 @@ class SoakParams:
     group_sizes: tuple[int, ...] = (10,)
     """one group per size, each with one lane of messages"""
     group_interval_s: float = 1.0
+    recall_every: int = 10
     churn_every_s: float = 2.0
     delivery_within_s: float = 180.0
     audit_timeout_s: float = 180.0
@@ -269,7 +274,7 @@ async def run_soak(
             asyncio.create_task(
                 group_load(
                     owner, group_id, members, accounting, stop, tag=f"{tag}-g{g}",
-                    interval_s=params.group_interval_s,
+                    interval_s=params.group_interval_s, recall_every=params.recall_every,
                 )
             )
             for g, (owner, group_id, members) in enumerate(groups)
@@ -327,6 +332,12 @@ async def run_soak(
         timeout_s=600,
     )  # fmt: skip
     progress(f"  exit {projections['exit']}")
+    progress("qim replay history --all")
+    history = await asyncio.to_thread(
+        _qim, stack, "replay", "history", "--all", "--datadir",
+        str(cfg.base_dir / "workers" / "conversation-1" / "data"), timeout_s=900,
+    )  # fmt: skip
+    progress(f"  exit {history['exit']}")
     zero = _always_zero_verdict(stack)
     progress(f"always-zero: {zero}")
     repaired = [f for f in faults if "error" in f]
@@ -337,6 +348,7 @@ async def run_soak(
         and delivery["duplicate_entries"] == 0
         and audit["exit"] == 0
         and projections["exit"] == 0
+        and history["exit"] == 0
         and zero["ok"]
         and not repaired
     )
@@ -347,7 +359,7 @@ async def run_soak(
             f"{params.duration_s:g} s, faults survived {dict(sorted(kinds.items()))}: "
             f"{delivery['lost']} of {delivery['acked_expected']} acked entries lost, "
             f"{delivery['duplicate_entries']} duplicates, audit exit {audit['exit']}, "
-            f"projections exit {projections['exit']}, always-zero "
+            f"projections exit {projections['exit']}, history exit {history['exit']}, always-zero "
             f"{'0' if zero['ok'] else zero['nonzero'] or zero}"
         ),
         "params": asdict(params),
@@ -357,6 +369,7 @@ async def run_soak(
         "delivery": delivery,
         "audit": audit,
         "projections": projections,
+        "history": history,
         "always_zero": zero,
         "needed_repair": repaired,
     }

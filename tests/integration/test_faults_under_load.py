@@ -15,13 +15,13 @@ Then ``qim chaos fuzz``, CI-sized: frames from the independent generator into th
 while a well-behaved client must be answered throughout, the gateway alive and its RSS back
 within a bound afterwards (the 10^6-frame run is ``qim chaos fuzz``).
 
-Last, ``qim chaos run``, CI-sized: a mixed SDK load (one-to-one lanes, a 10-member group,
-logins with mark-read) while a seeded plan SIGKILLs qim processes and restarts them, pauses the
-writer or the MailboxNode past its lease, and restarts Kafka once. The run's own end checks
-must all hold: every acked message in each recipient's mailbox exactly once, ``qim audit
-dispatch`` clean, ``qim replay projections --all`` clean, every always-zero counter 0 on every
-page, and every process back by itself. The hour-long run is ``qim chaos run --duration 3600``
-(bench/README.md).
+Last, ``qim chaos run``, CI-sized: a mixed SDK load (one-to-one lanes, a 10-member group with
+recalls, logins with mark-read) while a seeded plan SIGKILLs qim processes and restarts them,
+pauses the writer or the MailboxNode past its lease, and restarts Kafka once. The run's own
+end checks must all hold: every acked message in each recipient's mailbox exactly once, ``qim
+audit dispatch`` clean, ``qim replay projections --all`` and ``qim replay history --all``
+clean, every always-zero counter 0 on every page, and every process back by itself. The
+hour-long run is ``qim chaos run --duration 3600`` (bench/README.md).
 
 Its own stack, not the session's: restarting the session broker would fail other tests.
 """
@@ -183,6 +183,8 @@ async def test_kills_a_pause_and_a_broker_restart_under_load_lose_nothing_and_le
     assert (delivery["lost"], delivery["duplicate_entries"]) == (0, 0), delivery
     assert report["audit"]["exit"] == 0, report["audit"]
     assert report["projections"]["exit"] == 0, report["projections"]
+    assert report["history"]["exit"] == 0, report["history"]
+    assert report["load"]["recalled"] > 0, report["load"]  # recalls ran under the faults too
     zero = report["always_zero"]
     assert zero["counters_checked"] > 0 and zero["ok"], zero
     assert report["ok"]
