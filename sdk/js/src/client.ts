@@ -586,6 +586,13 @@ export class QimClient {
     return (await this.request('CREATE_GROUP', { group_id: groupId, member_ids: memberIds }, 'MEMBER_LIST_BATCH')).body;
   }
 
+  /** PULL_MEMBERS -> MEMBER_LIST_BATCH{members[]{user_id, role, ...}, next_offset, has_more}:
+   * one page of a conversation's members (a non-member is refused PERMISSION_DENIED). */
+  async pullMembers(conversationId: string, opts: { offset?: number; limit?: number; filter?: 'all' | 'admin' | 'banned' | 'search'; query?: string } = {}): Promise<Body> {
+    const body: Body = { conversation_id: conversationId, filter: opts.filter ?? 'all', query: opts.query ?? '', offset: opts.offset ?? 0, limit: opts.limit ?? 200 };
+    return (await this.request('PULL_MEMBERS', body, 'MEMBER_LIST_BATCH')).body;
+  }
+
   async recall(conversationId: string, targetConversationSeq: number): Promise<Body> {
     return (await this.request('RECALL', { conversation_id: conversationId, target_conversation_seq: targetConversationSeq }, 'SEND_ACK')).body;
   }

@@ -241,3 +241,21 @@ test('typing, presence, RTC and rooms: frames out with the spec fields, answers 
   assert.equal((await c.leaveRoom('r:live')).room_id, 'r:live');
   c.close();
 });
+
+test('pullMembers: PULL_MEMBERS with the page fields, answered by MEMBER_LIST_BATCH', async () => {
+  const server = fakeServer(standardHandlers([], {
+    extra: {
+      PULL_MEMBERS: (body, h, s, ws) => reply(ws, 'MEMBER_LIST_BATCH', { members: [{ user_id: 'alice', role: 'OWNER' }, { user_id: 'bob', role: 'MEMBER' }].slice(body.offset, body.offset + body.limit), next_offset: body.offset + body.limit, has_more: body.offset + body.limit < 2 }, h.requestId),
+    },
+  }));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', WebSocket: server.WebSocket });
+  await c.start();
+  const all = await c.pullMembers('g:team');
+  assert.deepEqual(all.members.map((m) => [m.user_id, m.role]), [['alice', 'OWNER'], ['bob', 'MEMBER']]);
+  assert.equal(all.has_more, false);
+  const sent = server.received.find((f) => f.name === 'PULL_MEMBERS').body;
+  assert.deepEqual([sent.conversation_id, sent.filter, sent.offset, sent.limit], ['g:team', 'all', 0, 200]);
+  const page = await c.pullMembers('g:team', { offset: 0, limit: 1 });
+  assert.deepEqual([page.members.map((m) => m.user_id), page.has_more, page.next_offset], [['alice'], true, 1]);
+  c.close();
+});
