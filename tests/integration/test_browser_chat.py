@@ -4,9 +4,11 @@ Kafka and Redis from the suite's ``stack`` fixture, real ``faust worker`` proces
 apps, ``qim gateway`` and ``qim admin serve`` with the dev web endpoint, all on free loopback
 ports. ``sdk/js/test/browser/chat.browser.mjs`` drives Chromium through playwright-core: alice
 and bob (two devices) exchange messages, unread badges follow, reading on one of bob's devices
-clears the other's badge (READ_SYNC), edit and recall reach the other side, and a reload
-restores alice's session from the persisted cursor with no duplicate message. Each checked step
-prints ``ok ...``; the script exits 1 on the first failure.
+clears the other's badge (READ_SYNC), edit and recall reach the other side, bob's typing shows
+in alice's window until its ``expires_in_ms`` runs out, alice sees bob online while his pages are
+open (PRESENCE_SUB) and offline once they closed, and a reload restores alice's session from the
+persisted cursor with no duplicate message. Each checked step prints ``ok ...``; the script
+exits 1 on the first failure.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ SCRIPT = SDK / "test" / "browser" / "chat.browser.mjs"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 
 
-def test_two_users_chat_in_chromium_with_badges_read_sync_and_reload(
+def test_two_users_chat_in_chromium_with_badges_read_sync_typing_presence_and_reload(
     stack: Stack, tmp_path: Path
 ) -> None:
     node = shutil.which("node")
@@ -80,8 +82,19 @@ def test_two_users_chat_in_chromium_with_badges_read_sync_and_reload(
         "bob phone shows 2 unread",
         "READ_SYNC clears the badge on bob phone",
         "bob sees alice's recall",
+        "alice sees bob online",
+        'alice sees "bob is typing" in the conversation and its row',
+        "the typing indicator is gone once expires_in_ms ran out",
         "no duplicates",
+        "alice sees bob offline once his pages closed",
     ):
         assert step in result.stdout, out
-    for name in ("alice.png", "bob.png", "alice-reloaded.png"):
+    shots = (
+        "alice.png",
+        "bob.png",
+        "alice-typing.png",
+        "alice-reloaded.png",
+        "alice-bob-offline.png",
+    )
+    for name in shots:
         assert (tmp_path / name).stat().st_size > 10_000, name
