@@ -520,11 +520,13 @@ export class QimClient {
    * SEND_MESSAGE -> SEND_ACK (durable commit). A lost connection or a back-off error retries with
    * the same client_message_id after the next ONLINE_READY, so the writer stores it once.
    */
-  async sendMessage(conversationId: string, payload: Uint8Array, opts: { clientMessageId?: string; messageType?: number; mentionTargets?: string[] } = {}): Promise<Body> {
+  async sendMessage(conversationId: string, payload: Uint8Array, opts: { clientMessageId?: string; messageType?: number; mentionTargets?: string[]; peerUserId?: string } = {}): Promise<Body> {
     const cmid = opts.clientMessageId ?? newClientMessageId();
     const body: Body = {
       client_message_id: cmid, conversation_id: conversationId, message_type: opts.messageType ?? 1,
       payload, mention_targets: opts.mentionTargets ?? [],
+      // a one-to-one id is a one-way hash of the pair: the sender names the peer (docs/protocol.md)
+      ...(opts.peerUserId ? { peer_user_id: opts.peerUserId } : {}),
     };
     let last: Error | null = null;
     for (let attempt = 0; attempt < this.opts.sendAttempts; attempt++) {

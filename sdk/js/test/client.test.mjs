@@ -95,7 +95,7 @@ test('a restarted client presents the persisted cursor and pulls after it', asyn
   c.close();
 });
 
-test('a send lost with its connection is retried after the reconnect with the same client_message_id', async () => {
+test('a send lost with its connection is retried after the reconnect with the same client_message_id; a one-to-one send names its peer', async () => {
   const cmids = [];
   const server = fakeServer(standardHandlers([], {
     extra: {
@@ -114,6 +114,10 @@ test('a send lost with its connection is retried after the reconnect with the sa
   assert.equal(cmids.length, 2);
   assert.equal(cmids[0], cmids[1]);
   assert.equal(server.received.filter((f) => f.name === 'AUTH').length, 2);
+  const sends = server.received.filter((f) => f.name === 'SEND_MESSAGE');
+  assert.equal(sends[0].body.peer_user_id, ''); // a group send names no peer
+  await c.sendMessage('d:0011', new Uint8Array([2]), { peerUserId: 'bob' });
+  assert.equal(server.received.filter((f) => f.name === 'SEND_MESSAGE').at(-1).body.peer_user_id, 'bob');
   c.close();
 });
 
