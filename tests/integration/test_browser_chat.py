@@ -6,7 +6,8 @@ ports. ``sdk/js/test/browser/chat.browser.mjs`` drives Chromium through playwrig
 and bob (two devices) exchange messages, unread badges follow, reading on one of bob's devices
 clears the other's badge (READ_SYNC), edit and recall reach the other side, bob's typing shows
 in alice's window until its ``expires_in_ms`` runs out, alice sees bob online while his pages are
-open (PRESENCE_SUB) and offline once they closed, and a reload restores alice's session from the
+open (PRESENCE_SUB: the group's member chips and the one-to-one row's dot) and offline once they
+closed, and a reload restores alice's session from the
 persisted cursor with no duplicate message. Each checked step prints ``ok ...``; the script
 exits 1 on the first failure.
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from qim.core.conversation.ids import direct_conversation_id
 from qim.devstack import procs
 from qim.devstack.stack import ROOT, Stack
 from tests.integration.test_e2e_local_stack import mailbox_serving
@@ -29,6 +31,7 @@ pytestmark = pytest.mark.integration
 SDK = ROOT / "sdk" / "js"
 SCRIPT = SDK / "test" / "browser" / "chat.browser.mjs"
 CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+DEV_TENANT = "demo"  # the tenant of /dev/token (``qim admin serve --dev-tenant``'s default)
 
 
 def test_two_users_chat_in_chromium_with_badges_read_sync_typing_presence_and_reload(
@@ -67,6 +70,7 @@ def test_two_users_chat_in_chromium_with_badges_read_sync_typing_presence_and_re
                 **os.environ,
                 "QIM_WEB_URL": admin.web_url,
                 "QIM_SHOT_DIR": str(tmp_path),
+                "QIM_DIRECT_ID": direct_conversation_id(DEV_TENANT, "alice", "bob"),
                 "CHROMIUM": CHROMIUM,
             },
         )
@@ -83,6 +87,7 @@ def test_two_users_chat_in_chromium_with_badges_read_sync_typing_presence_and_re
         "READ_SYNC clears the badge on bob phone",
         "bob sees alice's recall",
         "alice sees bob online",
+        "the one-to-one rows show the peer online",
         'alice sees "bob is typing" in the conversation and its row',
         "the typing indicator is gone once expires_in_ms ran out",
         "no duplicates",

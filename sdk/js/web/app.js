@@ -27,7 +27,7 @@ const state = {
   client: null, me: null, open: null,
   messages: new Map(), // conversation_id -> Map(conversation_seq -> message)
   editing: null,
-  members: new Map(), // conversation_id -> the other members' user ids (PULL_MEMBERS)
+  members: new Map(), // conversation_id -> the other members' user ids (PULL_MEMBERS; a d: row's peer)
   typing: new Map(), // conversation_id -> Map(user_id -> indicator expiry, epoch ms)
   typingSent: { conv: null, at: 0 },
   presenceSet: null, // the user ids this connection watches (null: none yet on this connection)
@@ -94,16 +94,36 @@ const peerOf = (conv) => (conv?.startsWith('d:') ? state.members.get(conv)?.[0] 
 
 async function membersOf(conv, fresh = false) {
   if (!fresh && state.members.has(conv)) return state.members.get(conv);
+  if (conv.startsWith('d:')) return directPeer(conv);
   const page = await state.client.pullMembers(conv, { limit: PRESENCE_MAX_TARGETS });
   const others = page.members.map((m) => m.user_id).filter((u) => u !== state.me);
   state.members.set(conv, others);
   return others;
 }
 
+/** A one-to-one id is a one-way hash of the pair and PULL_MEMBERS is for groups: the peer is
+ * whoever else wrote in it (none yet: unknown, asked again when the row changes). */
+async function directPeer(conv) {
+  const batch = await state.client.pullHistory(conv, { direction: 'older', limit: 50 });
+  const peer = batch.messages.map((m) => m.sender_id).find((u) => u && u !== state.me);
+  if (peer) state.members.set(conv, [peer]);
+  return peer ? [peer] : [];
+}
+
+let learning = null; // one pass at a time; a call during it asks for one more pass
 async function learnPeers() {
-  for (const conv of state.client.sessions.rows.keys()) {
-    if (!conv.startsWith('d:') || state.members.has(conv)) continue;
-    try { await membersOf(conv); } catch { state.members.set(conv, []); }
+  if (learning) { learning.again = true; return; }
+  learning = { again: true };
+  try {
+    while (learning.again) {
+      learning.again = false;
+      for (const conv of [...state.client.sessions.rows.keys()]) {
+        if (!conv.startsWith('d:') || state.members.has(conv)) continue;
+        try { await directPeer(conv); } catch (e) { console.warn('peer', e); }
+      }
+    }
+  } finally {
+    learning = null;
   }
   renderSessions();
   syncPresence();
@@ -224,6 +244,7 @@ function sessionRow(row) {
   const peer = peerOf(row.conversation_id);
   avatar(av, peer ?? row.conversation_id.replace(/^[gd]:/, ''));
   if (peer) {
+    li.dataset.peer = peer;
     const dot = document.createElement('span');
     dot.className = `presence dot ${isOnline(peer) ? 'online' : 'offline'}`;
     dot.title = lastSeen(peer);

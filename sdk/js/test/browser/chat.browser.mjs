@@ -1,5 +1,6 @@
 // Browser test of the chat client in headless Chromium against the real local stack.
-// Env: QIM_WEB_URL (the dev web endpoint), QIM_SHOT_DIR (screenshots), CHROMIUM (executable).
+// Env: QIM_WEB_URL (the dev web endpoint), QIM_SHOT_DIR (screenshots), CHROMIUM (executable),
+// QIM_DIRECT_ID (alice and bob's one-to-one conversation id, derived by the server's rule).
 // Prints one "ok <step>" line per checked step; exits 1 on the first failure.
 import { chromium } from 'playwright-core';
 import { tmpdir } from 'node:os';
@@ -8,6 +9,7 @@ import { join } from 'node:path';
 const WEB = process.env.QIM_WEB_URL;
 const SHOTS = process.env.QIM_SHOT_DIR ?? tmpdir();
 const WAIT = 60000;
+const DIRECT = process.env.QIM_DIRECT_ID;
 const group = `g:team-${Date.now().toString(36)}`;
 const step = (s) => console.log(`ok ${s}`);
 
@@ -34,6 +36,8 @@ async function open(user, device) {
 
 const row = (page) => page.locator(`li.session[data-conv="${group}"]`);
 const badge = (page) => row(page).locator('.badge');
+const peerDot = (page, user, presence) => page.locator(`li.session[data-conv="${DIRECT}"][data-peer="${user}"] .presence.dot.${presence}`);
+const sendDirect = (page, peer, text) => page.evaluate(([d, p, t]) => window.qim.client.sendMessage(d, new TextEncoder().encode(t), { peerUserId: p }), [DIRECT, peer, text]);
 const member = (page, user, presence) => page.locator(`#conv-members .member[data-user="${user}"][data-presence="${presence}"]`);
 
 async function expectBadge(page, n, what) {
@@ -82,6 +86,12 @@ try {
   // presence: bob has two pages open, so alice's header shows him online
   await member(alice, 'bob', 'online').waitFor({ timeout: WAIT });
   step('alice sees bob online');
+  // one-to-one: each side's row shows the peer (who wrote in it) with the peer's presence dot
+  await sendDirect(alice, 'bob', 'Lunch at 12:30?');
+  await peerDot(bob, 'alice', 'online').waitFor({ timeout: WAIT });
+  await sendDirect(bob, 'alice', 'Sure!');
+  await peerDot(alice, 'bob', 'online').waitFor({ timeout: WAIT });
+  step('the one-to-one rows show the peer online');
 
   // edit and recall, seen by the other side
   const first = alice.locator('#messages .msg.mine', { hasText: 'deploy' });
@@ -140,6 +150,7 @@ try {
   await bob.context().close();
   await bobPhone.context().close();
   await member(alice, 'bob', 'offline').waitFor({ timeout: WAIT });
+  await peerDot(alice, 'bob', 'offline').waitFor({ timeout: WAIT });
   step('alice sees bob offline once his pages closed');
   await alice.screenshot({ path: join(SHOTS, 'alice-bob-offline.png') });
   console.log('PASS');
