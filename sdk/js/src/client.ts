@@ -520,11 +520,13 @@ export class QimClient {
    * SEND_MESSAGE -> SEND_ACK (durable commit). A lost connection or a back-off error retries with
    * the same client_message_id after the next ONLINE_READY, so the writer stores it once.
    */
-  async sendMessage(conversationId: string, payload: Uint8Array, opts: { clientMessageId?: string; messageType?: number; mentionTargets?: string[] } = {}): Promise<Body> {
+  async sendMessage(conversationId: string, payload: Uint8Array, opts: { clientMessageId?: string; messageType?: number; mentionTargets?: string[]; peerUserId?: string } = {}): Promise<Body> {
     const cmid = opts.clientMessageId ?? newClientMessageId();
     const body: Body = {
       client_message_id: cmid, conversation_id: conversationId, message_type: opts.messageType ?? 1,
       payload, mention_targets: opts.mentionTargets ?? [],
+      // a one-to-one id is a one-way hash of the pair: the sender names the peer (docs/protocol.md)
+      ...(opts.peerUserId ? { peer_user_id: opts.peerUserId } : {}),
     };
     let last: Error | null = null;
     for (let attempt = 0; attempt < this.opts.sendAttempts; attempt++) {
@@ -584,6 +586,13 @@ export class QimClient {
   /** CREATE_GROUP -> MEMBER_LIST_BATCH: this user becomes the OWNER. */
   async createGroup(groupId: string, memberIds: string[]): Promise<Body> {
     return (await this.request('CREATE_GROUP', { group_id: groupId, member_ids: memberIds }, 'MEMBER_LIST_BATCH')).body;
+  }
+
+  /** PULL_MEMBERS -> MEMBER_LIST_BATCH{members[]{user_id, role, ...}, next_offset, has_more}:
+   * one page of a conversation's members (a non-member is refused PERMISSION_DENIED). */
+  async pullMembers(conversationId: string, opts: { offset?: number; limit?: number; filter?: 'all' | 'admin' | 'banned' | 'search'; query?: string } = {}): Promise<Body> {
+    const body: Body = { conversation_id: conversationId, filter: opts.filter ?? 'all', query: opts.query ?? '', offset: opts.offset ?? 0, limit: opts.limit ?? 200 };
+    return (await this.request('PULL_MEMBERS', body, 'MEMBER_LIST_BATCH')).body;
   }
 
   async recall(conversationId: string, targetConversationSeq: number): Promise<Body> {

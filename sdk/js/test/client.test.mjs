@@ -95,7 +95,7 @@ test('a restarted client presents the persisted cursor and pulls after it', asyn
   c.close();
 });
 
-test('a send lost with its connection is retried after the reconnect with the same client_message_id', async () => {
+test('a send lost with its connection is retried after the reconnect with the same client_message_id; a one-to-one send names its peer', async () => {
   const cmids = [];
   const server = fakeServer(standardHandlers([], {
     extra: {
@@ -114,6 +114,10 @@ test('a send lost with its connection is retried after the reconnect with the sa
   assert.equal(cmids.length, 2);
   assert.equal(cmids[0], cmids[1]);
   assert.equal(server.received.filter((f) => f.name === 'AUTH').length, 2);
+  const sends = server.received.filter((f) => f.name === 'SEND_MESSAGE');
+  assert.equal(sends[0].body.peer_user_id, ''); // a group send names no peer
+  await c.sendMessage('d:0011', new Uint8Array([2]), { peerUserId: 'bob' });
+  assert.equal(server.received.filter((f) => f.name === 'SEND_MESSAGE').at(-1).body.peer_user_id, 'bob');
   c.close();
 });
 
@@ -239,5 +243,23 @@ test('typing, presence, RTC and rooms: frames out with the spec fields, answers 
   assert.equal(c.presence.get('bob').state, 'offline');
   assert.equal(events[2].signal.reason, 'timeout');
   assert.equal((await c.leaveRoom('r:live')).room_id, 'r:live');
+  c.close();
+});
+
+test('pullMembers: PULL_MEMBERS with the page fields, answered by MEMBER_LIST_BATCH', async () => {
+  const server = fakeServer(standardHandlers([], {
+    extra: {
+      PULL_MEMBERS: (body, h, s, ws) => reply(ws, 'MEMBER_LIST_BATCH', { members: [{ user_id: 'alice', role: 'OWNER' }, { user_id: 'bob', role: 'MEMBER' }].slice(body.offset, body.offset + body.limit), next_offset: body.offset + body.limit, has_more: body.offset + body.limit < 2 }, h.requestId),
+    },
+  }));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', WebSocket: server.WebSocket });
+  await c.start();
+  const all = await c.pullMembers('g:team');
+  assert.deepEqual(all.members.map((m) => [m.user_id, m.role]), [['alice', 'OWNER'], ['bob', 'MEMBER']]);
+  assert.equal(all.has_more, false);
+  const sent = server.received.find((f) => f.name === 'PULL_MEMBERS').body;
+  assert.deepEqual([sent.conversation_id, sent.filter, sent.offset, sent.limit], ['g:team', 'all', 0, 200]);
+  const page = await c.pullMembers('g:team', { offset: 0, limit: 1 });
+  assert.deepEqual([page.members.map((m) => m.user_id), page.has_more, page.next_offset], [['alice'], true, 1]);
   c.close();
 });

@@ -18,11 +18,20 @@ const idTime = (id) => {
 const title = (conv) => (conv.startsWith('g:') ? `# ${conv.slice(2)}` : conv.startsWith('d:') ? 'Direct chat' : conv);
 
 const MESSAGE_TYPE_CONTROL = 0xff; // recall / edit / membership records: not bubbles
+// One TYPING per 3 s while the user types: above the server's typing_merge_window (2 s), which
+// would merge anything faster, and below typing_ttl (5 s), so the peer's indicator stays up.
+const TYPING_EVERY_MS = 3000;
+const PRESENCE_MAX_TARGETS = 200; // presence_sub_max_targets: more is refused, never truncated
 
 const state = {
   client: null, me: null, open: null,
   messages: new Map(), // conversation_id -> Map(conversation_seq -> message)
   editing: null,
+  members: new Map(), // conversation_id -> the other members' user ids (PULL_MEMBERS; a d: row's peer)
+  typing: new Map(), // conversation_id -> Map(user_id -> indicator expiry, epoch ms)
+  typingSent: { conv: null, at: 0 },
+  presenceSet: null, // the user ids this connection watches (null: none yet on this connection)
+  presenceQueue: Promise.resolve(),
 };
 window.qim = state; // for the browser tests and the curious
 window.qimApp = { openConversation: (c) => openConversation(c), newGroup: (g, m) => newGroup(g, m) };
@@ -56,6 +65,7 @@ async function login(user, device) {
   await client.loadSessionList();
   renderSessions();
   document.body.dataset.ready = '1';
+  void learnPeers();
 }
 
 function onEvent(e) {
@@ -63,11 +73,149 @@ function onEvent(e) {
     $('conn-state').textContent = e.state;
     $('conn-dot').className = `dot ${e.state}`;
     if (e.state === 'online' && state.client.sessions.rows.size) void state.client.loadSessionList().then(renderSessions);
+    // presence subscriptions are soft state of one connection: a new one starts with none
+    if (e.state !== 'online') state.presenceSet = null;
+    else syncPresence();
   } else if (e.type === 'entries') onEntries(e.entries);
+  else if (e.type === 'typing') onTyping(e);
+  else if (e.type === 'error') console.warn(`qim: ${e.error.message}`);
+  else if (e.type === 'presence') renderPresence();
   else if (e.type === 'sessions' || e.type === 'badge' || e.type === 'read_sync') {
     renderSessions();
     if (e.type === 'sessions' && state.open && e.conversationIds.includes(state.open)) autoRead();
+    if (e.type === 'sessions') void learnPeers();
   }
+}
+
+// --- presence (PRESENCE_SUB): the peers of the one-to-one rows and the open conversation's members
+
+const isOnline = (user) => state.client.presence.get(user)?.state === 'online';
+const peerOf = (conv) => (conv?.startsWith('d:') ? state.members.get(conv)?.[0] ?? null : null);
+
+async function membersOf(conv, fresh = false) {
+  if (!fresh && state.members.has(conv)) return state.members.get(conv);
+  if (conv.startsWith('d:')) return directPeer(conv);
+  const page = await state.client.pullMembers(conv, { limit: PRESENCE_MAX_TARGETS });
+  const others = page.members.map((m) => m.user_id).filter((u) => u !== state.me);
+  state.members.set(conv, others);
+  return others;
+}
+
+/** A one-to-one id is a one-way hash of the pair and PULL_MEMBERS is for groups: the peer is
+ * whoever else wrote in it (none yet: unknown, asked again when the row changes). */
+async function directPeer(conv) {
+  const batch = await state.client.pullHistory(conv, { direction: 'older', limit: 50 });
+  const peer = batch.messages.map((m) => m.sender_id).find((u) => u && u !== state.me);
+  if (peer) state.members.set(conv, [peer]);
+  return peer ? [peer] : [];
+}
+
+let learning = null; // one pass at a time; a call during it asks for one more pass
+async function learnPeers() {
+  if (learning) { learning.again = true; return; }
+  learning = { again: true };
+  try {
+    while (learning.again) {
+      learning.again = false;
+      for (const conv of [...state.client.sessions.rows.keys()]) {
+        if (!conv.startsWith('d:') || state.members.has(conv)) continue;
+        try { await directPeer(conv); } catch (e) { console.warn('peer', e); }
+      }
+    }
+  } finally {
+    learning = null;
+  }
+  renderSessions();
+  syncPresence();
+}
+
+/** Watch exactly the users shown (one `replace`, in order), when that set changed. */
+function syncPresence() {
+  state.presenceQueue = state.presenceQueue.then(async () => {
+    if (state.client.state !== 'online') return;
+    const want = new Set(state.members.get(state.open) ?? []);
+    for (const conv of state.client.sessions.rows.keys()) if (peerOf(conv)) want.add(peerOf(conv));
+    const users = [...want].sort().slice(0, PRESENCE_MAX_TARGETS);
+    if (state.presenceSet === users.join('\n') || (state.presenceSet === null && !users.length)) return;
+    await state.client.subscribePresence({ userIds: users }, 'replace');
+    state.presenceSet = users.join('\n');
+    renderPresence();
+  }).catch((e) => console.warn('presence', e));
+}
+
+function renderPresence() {
+  renderSessions();
+  renderHeader();
+}
+
+function lastSeen(user) {
+  if (isOnline(user)) return 'online';
+  const at = Number(state.client.presence.get(user)?.last_active_at ?? 0);
+  return at ? `last seen ${hhmm(at)}` : 'offline';
+}
+
+function renderHeader() {
+  const conv = state.open;
+  if (!conv) return;
+  const others = state.members.get(conv);
+  const peer = peerOf(conv);
+  $('conv-title').textContent = peer ?? title(conv);
+  $('conv-dot').hidden = !peer;
+  if (peer) $('conv-dot').className = `dot ${isOnline(peer) ? 'online' : 'offline'}`;
+  const chips = [];
+  if (peer) $('conv-sub').textContent = lastSeen(peer);
+  else if (others) {
+    $('conv-sub').textContent = `${others.length + 1} members · ${others.filter(isOnline).length + 1} online`;
+    for (const user of [...others].sort((a, b) => isOnline(b) - isOnline(a) || a.localeCompare(b)).slice(0, 12)) {
+      const chip = document.createElement('span');
+      chip.className = 'member';
+      chip.dataset.user = user;
+      chip.dataset.presence = isOnline(user) ? 'online' : 'offline';
+      chip.title = `${user}: ${lastSeen(user)}`;
+      const dot = document.createElement('span');
+      dot.className = `dot ${chip.dataset.presence}`;
+      chip.append(dot, user);
+      chips.push(chip);
+    }
+  } else $('conv-sub').textContent = conv;
+  $('conv-members').replaceChildren(...chips);
+}
+
+// --- typing (TYPING): shown until its expires_in_ms runs out; there is no stop frame
+
+function onTyping(e) {
+  if (e.userId === state.me) return;
+  const users = state.typing.get(e.conversationId) ?? new Map();
+  users.set(e.userId, Date.now() + e.expiresInMs);
+  state.typing.set(e.conversationId, users);
+  setTimeout(renderTyping, e.expiresInMs + 20);
+  renderTyping();
+}
+
+function typers(conv) {
+  const users = state.typing.get(conv);
+  if (!users) return [];
+  const now = Date.now();
+  for (const [u, until] of users) if (until <= now) users.delete(u);
+  return [...users.keys()].sort();
+}
+
+function typingText(users) {
+  if (users.length === 1) return `${users[0]} is typing…`;
+  if (users.length === 2) return `${users[0]} and ${users[1]} are typing…`;
+  return `${users.length} people are typing…`;
+}
+
+function renderTyping() {
+  const users = state.open ? typers(state.open) : [];
+  $('typing').hidden = users.length === 0;
+  $('typing').dataset.users = users.join(',');
+  $('typing-text').textContent = users.length ? typingText(users) : '';
+  renderSessions();
+}
+
+function stopTyping(conv, user) {
+  if (state.typing.get(conv)?.delete(user)) renderTyping();
 }
 
 function onEntries(entries) {
@@ -77,6 +225,7 @@ function onEntries(entries) {
     const msgs = state.messages.get(conv);
     if (!msgs) continue; // not loaded yet: the history pull will bring it
     if ((e.event_type === 0 || e.event_type === 1) && e.body_included && e.message_type !== MESSAGE_TYPE_CONTROL) {
+      stopTyping(conv, e.sender_id); // their message is what they were typing
       if (!msgs.has(e.conversation_seq)) {
         msgs.set(e.conversation_seq, { seq: e.conversation_seq, sender: e.sender_id, text: text(e.payload_or_ciphertext), state: 'NORMAL', edited: false, at: e.created_at });
       }
@@ -92,13 +241,24 @@ function sessionRow(row) {
   li.dataset.conv = row.conversation_id;
   const av = document.createElement('div');
   av.className = 'avatar';
-  avatar(av, row.conversation_id.replace(/^[gd]:/, ''));
+  const peer = peerOf(row.conversation_id);
+  avatar(av, peer ?? row.conversation_id.replace(/^[gd]:/, ''));
+  if (peer) {
+    li.dataset.peer = peer;
+    const dot = document.createElement('span');
+    dot.className = `presence dot ${isOnline(peer) ? 'online' : 'offline'}`;
+    dot.title = lastSeen(peer);
+    av.append(dot);
+  }
   const main = document.createElement('div');
   main.className = 'session-main';
   main.innerHTML = '<div class="session-top"><span class="session-name"></span><span class="session-time"></span></div><div class="session-bottom"><span class="session-preview"></span></div>';
-  main.querySelector('.session-name').textContent = title(row.conversation_id);
+  main.querySelector('.session-name').textContent = peer ?? title(row.conversation_id);
   main.querySelector('.session-time').textContent = hhmm(idTime(row.last_activity_id));
-  main.querySelector('.session-preview').textContent = text(row.preview_or_placeholder) || ' ';
+  const typing = typers(row.conversation_id);
+  const preview = main.querySelector('.session-preview');
+  preview.textContent = typing.length ? typingText(typing) : text(row.preview_or_placeholder) || ' ';
+  preview.classList.toggle('typing-preview', typing.length > 0);
   if (row.unread_count > 0) {
     const b = document.createElement('span');
     b.className = 'badge';
@@ -137,11 +297,14 @@ async function loadHistory(conv) {
 async function openConversation(conv) {
   state.open = conv;
   state.editing = null;
-  $('conv-title').textContent = title(conv);
-  $('conv-sub').textContent = conv;
   $('composer').hidden = false;
-  renderSessions();
+  renderHeader();
+  renderTyping();
   renderMessages();
+  void membersOf(conv, true).then(() => {
+    renderHeader();
+    syncPresence();
+  }, (e) => console.warn('members', e));
   await loadHistory(conv);
   autoRead();
   $('input').focus();
@@ -233,6 +396,7 @@ $('composer').onsubmit = async (ev) => {
   if (!value || !state.open) return;
   const conv = state.open;
   $('input').value = '';
+  state.typingSent = { conv: null, at: 0 }; // the next message's first keystroke says so at once
   try {
     if (state.editing) {
       const target = state.editing;
@@ -257,6 +421,15 @@ $('input').onkeydown = (ev) => {
     $('composer').requestSubmit();
   }
 };
+
+$('input').addEventListener('input', () => {
+  const conv = state.open;
+  if (!conv || state.editing || !$('input').value.trim() || state.client?.state !== 'online') return;
+  const now = Date.now();
+  if (state.typingSent.conv === conv && now - state.typingSent.at < TYPING_EVERY_MS) return;
+  state.typingSent = { conv, at: now };
+  state.client.typing(conv);
+});
 
 $('login-form').onsubmit = async (ev) => {
   ev.preventDefault();

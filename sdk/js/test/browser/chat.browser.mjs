@@ -1,5 +1,6 @@
 // Browser test of the chat client in headless Chromium against the real local stack.
-// Env: QIM_WEB_URL (the dev web endpoint), QIM_SHOT_DIR (screenshots), CHROMIUM (executable).
+// Env: QIM_WEB_URL (the dev web endpoint), QIM_SHOT_DIR (screenshots), CHROMIUM (executable),
+// QIM_DIRECT_ID (alice and bob's one-to-one conversation id, derived by the server's rule).
 // Prints one "ok <step>" line per checked step; exits 1 on the first failure.
 import { chromium } from 'playwright-core';
 import { tmpdir } from 'node:os';
@@ -8,6 +9,7 @@ import { join } from 'node:path';
 const WEB = process.env.QIM_WEB_URL;
 const SHOTS = process.env.QIM_SHOT_DIR ?? tmpdir();
 const WAIT = 60000;
+const DIRECT = process.env.QIM_DIRECT_ID;
 const group = `g:team-${Date.now().toString(36)}`;
 const step = (s) => console.log(`ok ${s}`);
 
@@ -23,6 +25,7 @@ async function open(user, device) {
   const ctx = await browser.newContext({ viewport: { width: 960, height: 620 } });
   const page = await ctx.newPage();
   page.on('pageerror', (e) => console.log(`pageerror ${user}/${device}: ${e.message}`));
+  page.on('console', (m) => ['warning', 'error'].includes(m.type()) && console.log(`console ${user}/${device}: ${m.text()}`));
   await page.goto(WEB);
   await page.fill('#login-user', user);
   await page.fill('#login-device', device);
@@ -33,7 +36,9 @@ async function open(user, device) {
 
 const row = (page) => page.locator(`li.session[data-conv="${group}"]`);
 const badge = (page) => row(page).locator('.badge');
-const bubbles = (page) => page.locator('#messages .msg');
+const peerDot = (page, user, presence) => page.locator(`li.session[data-conv="${DIRECT}"][data-peer="${user}"] .presence.dot.${presence}`);
+const sendDirect = (page, peer, text) => page.evaluate(([d, p, t]) => window.qim.client.sendMessage(d, new TextEncoder().encode(t), { peerUserId: p }), [DIRECT, peer, text]);
+const member = (page, user, presence) => page.locator(`#conv-members .member[data-user="${user}"][data-presence="${presence}"]`);
 
 async function expectBadge(page, n, what) {
   if (n === 0) await badge(page).waitFor({ state: 'detached', timeout: WAIT });
@@ -78,6 +83,16 @@ try {
   await alice.locator('#messages .msg:not(.mine) .bubble', { hasText: 'shipped' }).waitFor({ timeout: WAIT });
   step('alice sees bob\'s reply live');
 
+  // presence: bob has two pages open, so alice's header shows him online
+  await member(alice, 'bob', 'online').waitFor({ timeout: WAIT });
+  step('alice sees bob online');
+  // one-to-one: each side's row shows the peer (who wrote in it) with the peer's presence dot
+  await sendDirect(alice, 'bob', 'Lunch at 12:30?');
+  await peerDot(bob, 'alice', 'online').waitFor({ timeout: WAIT });
+  await sendDirect(bob, 'alice', 'Sure!');
+  await peerDot(alice, 'bob', 'online').waitFor({ timeout: WAIT });
+  step('the one-to-one rows show the peer online');
+
   // edit and recall, seen by the other side
   const first = alice.locator('#messages .msg.mine', { hasText: 'deploy' });
   await first.hover();
@@ -93,6 +108,19 @@ try {
   step('bob sees alice\'s recall');
   await send(alice, 'Let\'s celebrate on Friday');
   await bob.locator('#messages .bubble', { hasText: 'celebrate' }).waitFor({ timeout: WAIT });
+
+  // typing: bob types without sending; alice's open conversation shows it, and only until the
+  // TYPING frame's expires_in_ms runs out (there is no stop frame). Bob types for about 4 s, as
+  // people do: the client says so every 3 s, so one of his frames falls outside the server's
+  // 2 s typing_merge_window of any earlier one (a frame inside it is merged away).
+  await bob.locator('#input').pressSequentially('Also, the new metrics page is live for everyone', { delay: 90 });
+  await alice.locator('#typing', { hasText: 'bob is typing' }).waitFor({ timeout: WAIT });
+  await row(alice).locator('.session-preview', { hasText: 'bob is typing' }).waitFor({ timeout: WAIT });
+  step('alice sees "bob is typing" in the conversation and its row');
+  await alice.screenshot({ path: join(SHOTS, 'alice-typing.png') });
+  await bob.fill('#input', '');
+  await alice.locator('#typing').waitFor({ state: 'hidden', timeout: WAIT });
+  step('the typing indicator is gone once expires_in_ms ran out');
 
   await alice.screenshot({ path: join(SHOTS, 'alice.png') });
   await bob.screenshot({ path: join(SHOTS, 'bob.png') });
@@ -115,6 +143,16 @@ try {
   if (JSON.stringify(after) !== JSON.stringify(want)) throw new Error(`after reload ${after}, want ${want}`);
   step(`after reload: ${after.length} messages, no duplicates`);
   await alice.screenshot({ path: join(SHOTS, 'alice-reloaded.png') });
+
+  // presence after the reload (a new connection subscribes again), then bob closes both pages
+  await member(alice, 'bob', 'online').waitFor({ timeout: WAIT });
+  step('alice sees bob online again after her reload');
+  await bob.context().close();
+  await bobPhone.context().close();
+  await member(alice, 'bob', 'offline').waitFor({ timeout: WAIT });
+  await peerDot(alice, 'bob', 'offline').waitFor({ timeout: WAIT });
+  step('alice sees bob offline once his pages closed');
+  await alice.screenshot({ path: join(SHOTS, 'alice-bob-offline.png') });
   console.log('PASS');
 } catch (e) {
   console.log(`FAIL ${e.stack ?? e}`);
