@@ -111,7 +111,7 @@ def apply_command(sessions: SessionFolds, seq: int, c: UserStateCommand) -> list
     return [EntryRow(event_ordinal=int(EventType.CONTROL), event_id=eid, entry=entry)]
 
 
-_ENDS: Final = {"leave": LEFT, "remove": REMOVED, "ban": BANNED}
+_ENDS: Final = {"leave": LEFT, "remove": REMOVED, "ban": BANNED, "dissolve": REMOVED}
 
 
 def membership_change(d: GroupDispatch, user_id: str) -> UserChange | None:

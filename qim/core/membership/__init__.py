@@ -1,7 +1,9 @@
 """GroupMembership core: member sets, slots, versions, intervals and slices (spec 7.5, 7.9).
 
 Pure (no I/O, no clock, no randomness). The ConversationWriter calls an operation
-(:func:`create_group`, :func:`add_members`, :func:`remove_members`, :func:`leave_group`), commits
+(:func:`create_group`, :func:`add_members`, :func:`remove_members`, :func:`leave_group`,
+:func:`set_role`, :func:`transfer_ownership`, :func:`dissolve_group`; roles in
+``qim.core.membership.roles``), commits
 the returned :class:`~qim.schemas.records.membership.MembershipCommitted` records to the outbox,
 folds them in with :meth:`GroupMembership.apply` (the same call a replay makes) and produces
 :func:`member_slices` of the published version to each shard's dispatch partition before any
@@ -22,9 +24,13 @@ from qim.core.membership.operations import (
     ControlStamp,
     add_members,
     create_group,
+    dissolve_group,
     leave_group,
     remove_members,
+    set_role,
+    transfer_ownership,
 )
+from qim.core.membership.roles import OPERATOR, PREVIOUS_OWNER_ROLE, GroupPolicy
 from qim.core.membership.slices import (
     Departures,
     ShardSlice,
@@ -38,9 +44,12 @@ from qim.core.membership.state import GroupMembership, VersionPublished
 
 __all__ = [
     "DEFAULT_CHUNK_MAX_MEMBERS",
+    "OPERATOR",
+    "PREVIOUS_OWNER_ROLE",
     "ControlStamp",
     "Departures",
     "GroupMembership",
+    "GroupPolicy",
     "GroupState",
     "MemberPageLimits",
     "MemberRow",
@@ -57,11 +66,14 @@ __all__ = [
     "create_group",
     "create_reply",
     "decode_group",
+    "dissolve_group",
     "encode_group",
     "leave_group",
     "leave_reply",
     "member_slices",
     "pull_members",
     "remove_members",
+    "set_role",
+    "transfer_ownership",
     "version_snapshot",
 ]

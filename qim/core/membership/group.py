@@ -12,7 +12,8 @@ Why this shape (spec 7.9, 7.5, 12.10):
   are derived data: rebuilt on decode, never serialized, so the serialized state is exactly
   the rows plus two counters.
 
-Mutation is only through :meth:`join` and :meth:`release`, called by ``GroupMembership.apply``.
+Mutation is only through :meth:`join`, :meth:`release` and :meth:`set_role` (and ``dissolved``),
+called by ``GroupMembership.apply``.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class GroupState:
         "_shard_slots",
         "_slot_user",
         "active_slots",
+        "dissolved",
         "group_id",
         "next_slot",
         "rows",
@@ -82,6 +84,7 @@ class GroupState:
         self.version = 0
         self.next_slot = 0
         self.updated_at = 0
+        self.dissolved = False
         self.rows: dict[str, MemberRow] = {}
         self.active_slots = BitMap()
         self._shard_of = shard_of
@@ -136,6 +139,31 @@ class GroupState:
             self._banned.add(row.slot_id)
             self._slot_user[row.slot_id] = user_id
         return row.shard
+
+    def set_role(self, user_id: str, role: str) -> int:
+        """Give an active member ``role`` (set_role, transfer); returns its MailboxShard."""
+        row = self.rows.get(user_id)
+        if row is None or not row.active:
+            raise MembershipLogError(f"{user_id!r} is not a member of {self.group_id!r}")
+        row.role = role
+        if role in _ADMIN_ROLES:
+            self._admins.add(row.slot_id)
+        else:
+            self._admins.discard(row.slot_id)
+        return row.shard
+
+    def owner(self) -> str | None:
+        """The active OWNER's user id (there is at most one; None once dissolved)."""
+        for slot in self._admins:
+            row = self.user_at(slot)
+            if row.role == Role.OWNER:
+                return row.user_id
+        return None
+
+    def role_of(self, user_id: str) -> str | None:
+        """An active member's role; None for a non-member."""
+        row = self.rows.get(user_id)
+        return row.role if row is not None and row.active else None
 
     def _index(self, row: MemberRow) -> None:
         if row.state == MembershipState.BANNED:

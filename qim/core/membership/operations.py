@@ -14,6 +14,11 @@ A create is the group's first CONTROL message (12.9 "create conversation / join 
 mailbox? yes (MEMBERSHIP)", 10.1.3): its last chunk carries the stamp (seq 1 of a new group), the
 earlier chunks of a large create none; initial members get ``joined_at = 0`` (= J - 1).
 
+Roles (``qim.core.membership.roles``, spec 20.2.2): the admin plane acts either as the trusted
+operator (``as_member=False``, the default: the account system or an operator) or on behalf of
+the member named ``actor`` (``as_member=True``), whose role must allow the change. A dissolved
+group answers every later change like a group that does not exist.
+
 Determinism: targets are de-duplicated and sorted by user id before slots are assigned, so the
 order a client lists members in never changes slot ids or version bytes.
 """
@@ -27,7 +32,9 @@ from typing import Final
 
 import msgspec
 
+from qim.core.membership import roles
 from qim.core.membership.errors import MembershipRejected
+from qim.core.membership.group import GroupState
 from qim.core.membership.state import GroupMembership
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.hashing import validate_identifier
@@ -39,14 +46,15 @@ __all__ = [
     "ControlStamp",
     "add_members",
     "create_group",
+    "dissolve_group",
     "leave_group",
     "remove_members",
+    "set_role",
+    "transfer_ownership",
 ]
 
 DEFAULT_CHUNK_MAX_MEMBERS: Final = 4096
 """Members per outbox record / slice chunk: 4096 ids stay far below Kafka's 1 MiB default."""
-
-_GRANTABLE = frozenset({Role.ADMIN, Role.MEMBER, Role.GUEST})
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,18 +149,15 @@ def add_members(
     role: str = Role.MEMBER,
     chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
     display_hints: Mapping[str, str] | None = None,
+    as_member: bool = False,
 ) -> MembershipCommitted | None:
     """Admin-plane GroupAdd: new members on fresh slots with ``joined_at = J - 1``.
 
     Targets already in the group are skipped; a former or banned member rejoins on a new slot
     (spec 7.9: slots are never reused) and its ``left_at`` is cleared (spec 12.10, AT-48).
     """
-    _ids(tenant_id=tenant_id, group_id=group_id, actor=actor)
-    group = state.group(tenant_id, group_id)
-    if group is None:
-        raise MembershipRejected("no_such_group")
-    if role not in _GRANTABLE:
-        raise MembershipRejected(f"role_not_grantable:{role}")
+    group = _live_group(state, tenant_id, group_id, actor)
+    roles.check_add(_actor_role(group, actor, as_member), role)
     joining = [u for u in _targets(targets) if not group.is_member(u)]
     if not joining:
         return None
@@ -183,18 +188,20 @@ def remove_members(
     stamp: ControlStamp,
     ban: bool = False,
     chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
+    as_member: bool = False,
 ) -> MembershipCommitted | None:
     """Admin-plane GroupRemove (REMOVED, or BANNED with ``ban``): ``left_at = J``.
 
-    Only the trusted admin plane removes others; there is no owner-kick frame (A.3).
+    Only the trusted admin plane removes others; there is no owner-kick frame (A.3). Every
+    target must be of lower rank than the actor, and the OWNER is never removed.
     """
-    _ids(tenant_id=tenant_id, group_id=group_id, actor=actor)
-    group = state.group(tenant_id, group_id)
-    if group is None:
-        raise MembershipRejected("no_such_group")
+    group = _live_group(state, tenant_id, group_id, actor)
+    actor_role = _actor_role(group, actor, as_member)
     leaving = [u for u in _targets(targets) if group.is_member(u)]
     if not leaving:
         return None
+    for user in leaving:
+        roles.check_remove(actor_role, group.rows[user].role)
     if len(leaving) > chunk_max_members:
         raise MembershipRejected("too_many_targets", code=ErrorCode.PAYLOAD_TOO_LARGE)
     action = MembershipAction.BAN if ban else MembershipAction.REMOVE
@@ -208,10 +215,128 @@ def leave_group(
 
     A non-member and a non-existent group are indistinguishable: both PERMISSION_DENIED with
     the same detail, so the frame cannot probe which groups exist.
+    The OWNER cannot leave: it transfers ownership or dissolves the group first.
     """
-    if not state.is_member(tenant_id, group_id, user_id):
+    group = state.group(tenant_id, group_id)
+    role = None if group is None else group.role_of(user_id)
+    if role is None:
         raise MembershipRejected("not_a_member")
+    roles.check_leave(role)
     return _change(state, tenant_id, group_id, MembershipAction.LEAVE, user_id, [user_id], stamp)
+
+
+def set_role(
+    state: GroupMembership,
+    *,
+    tenant_id: str,
+    group_id: str,
+    actor: str,
+    targets: Iterable[str],
+    role: str,
+    stamp: ControlStamp,
+    as_member: bool = False,
+    chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
+) -> MembershipCommitted | None:
+    """Grant or revoke ADMIN (or GUEST): a new version, member set unchanged.
+
+    Targets that already hold ``role`` are skipped (None when nothing changes); a non-member
+    target refuses the whole request, like any other authorization failure.
+    """
+    group = _live_group(state, tenant_id, group_id, actor)
+    actor_role = _actor_role(group, actor, as_member)
+    users = _targets(targets)
+    if len(users) > chunk_max_members:
+        raise MembershipRejected("too_many_targets", code=ErrorCode.PAYLOAD_TOO_LARGE)
+    changing = []
+    for user in users:
+        current = group.role_of(user)
+        if current is None:
+            raise MembershipRejected("not_a_member")
+        roles.check_set_role(actor_role, current, role)
+        if current != role:
+            changing.append(user)
+    if not changing:
+        return None
+    return _change(
+        state, tenant_id, group_id, MembershipAction.SET_ROLE, actor, changing, stamp, role=role
+    )
+
+
+def transfer_ownership(
+    state: GroupMembership,
+    *,
+    tenant_id: str,
+    group_id: str,
+    actor: str,
+    new_owner: str,
+    stamp: ControlStamp,
+    as_member: bool = False,
+) -> MembershipCommitted:
+    """Make ``new_owner`` (an active member) the OWNER; the previous owner becomes
+    :data:`~qim.core.membership.roles.PREVIOUS_OWNER_ROLE`."""
+    group = _live_group(state, tenant_id, group_id, actor)
+    actor_role = _actor_role(group, actor, as_member)
+    _ids(user_id=new_owner)
+    target_role = group.role_of(new_owner)
+    owner = group.owner()
+    if target_role is None or owner is None:
+        raise MembershipRejected("not_a_member")
+    roles.check_transfer(actor_role, target_role)
+    record = _change(
+        state,
+        tenant_id,
+        group_id,
+        MembershipAction.TRANSFER,
+        actor,
+        [new_owner],
+        stamp,
+        role=roles.PREVIOUS_OWNER_ROLE,
+    )
+    return msgspec.structs.replace(record, previous_owner=owner)
+
+
+def dissolve_group(
+    state: GroupMembership,
+    *,
+    tenant_id: str,
+    group_id: str,
+    actor: str,
+    stamp: ControlStamp,
+    as_member: bool = False,
+    chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
+) -> MembershipCommitted:
+    """End the group: every member is released at ``J`` and the id stays taken.
+
+    The record lists every member (each one's MEMBERSHIP entry names it), so a group of more
+    than ``chunk_max_members`` members is refused rather than split (not implemented).
+    """
+    group = _live_group(state, tenant_id, group_id, actor)
+    roles.check_dissolve(_actor_role(group, actor, as_member))
+    members = sorted(group.user_at(slot).user_id for slot in group.active_slots)
+    if not members:
+        raise MembershipRejected("no_such_group")
+    if len(members) > chunk_max_members:
+        raise MembershipRejected("too_many_members", code=ErrorCode.PAYLOAD_TOO_LARGE)
+    return _change(state, tenant_id, group_id, MembershipAction.DISSOLVE, actor, members, stamp)
+
+
+def _live_group(state: GroupMembership, tenant_id: str, group_id: str, actor: str) -> GroupState:
+    """The group an admin-plane change targets; a dissolved group does not exist any more."""
+    _ids(tenant_id=tenant_id, group_id=group_id, actor=actor)
+    group = state.group(tenant_id, group_id)
+    if group is None or group.dissolved:
+        raise MembershipRejected("no_such_group")
+    return group
+
+
+def _actor_role(group: GroupState, actor: str, as_member: bool) -> str:
+    """The role the change is authorized with: the operator's, or the acting member's."""
+    if not as_member:
+        return roles.OPERATOR
+    role = group.role_of(actor)
+    if role is None:
+        raise MembershipRejected("not_a_member")
+    return role
 
 
 def _change(
@@ -229,6 +354,10 @@ def _change(
 ) -> MembershipCommitted:
     count = state.member_count(tenant_id, group_id)
     joining = action == MembershipAction.ADD
+    if action in (MembershipAction.SET_ROLE, MembershipAction.TRANSFER):
+        targets_delta = 0
+    else:
+        targets_delta = len(targets) if joining else -len(targets)
     return MembershipCommitted(
         tenant_id=tenant_id,
         group_id=group_id,
@@ -236,7 +365,7 @@ def _change(
         actor=actor,
         targets=tuple(targets),
         membership_version=state.version(tenant_id, group_id) + 1,
-        member_count=count + len(targets) if joining else count - len(targets),
+        member_count=count + targets_delta,
         role=role,
         first_slot=first_slot,
         display_hints=display_hints,

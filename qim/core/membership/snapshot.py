@@ -45,7 +45,8 @@ class RowSnap(msgspec.Struct, array_like=True, frozen=True):
 
 
 class GroupSnap(msgspec.Struct, array_like=True, frozen=True):
-    """One group: counters plus rows sorted by user id."""
+    """One group: counters plus rows sorted by user id; ``dissolved`` trails with a default,
+    so a checkpoint written before it existed still decodes."""
 
     tenant_id: str
     group_id: str
@@ -53,6 +54,7 @@ class GroupSnap(msgspec.Struct, array_like=True, frozen=True):
     next_slot: int
     updated_at: int
     rows: tuple[RowSnap, ...]
+    dissolved: bool = False
 
 
 class StateSnap(msgspec.Struct, array_like=True, frozen=True):
@@ -70,7 +72,13 @@ _GROUP_DECODER = msgspec.msgpack.Decoder(GroupSnap)
 def snap_group(group: GroupState) -> GroupSnap:
     rows = tuple(_row_snap(group.rows[user]) for user in sorted(group.rows))
     return GroupSnap(
-        group.tenant_id, group.group_id, group.version, group.next_slot, group.updated_at, rows
+        group.tenant_id,
+        group.group_id,
+        group.version,
+        group.next_slot,
+        group.updated_at,
+        rows,
+        group.dissolved,
     )
 
 
@@ -79,6 +87,7 @@ def restore_group(snap: GroupSnap, shard_of: Callable[[str], int]) -> GroupState
     group.version = snap.version
     group.next_slot = snap.next_slot
     group.updated_at = snap.updated_at
+    group.dissolved = snap.dissolved
     for row in snap.rows:
         group.rows[row.user_id] = _row_of(row, shard_of(row.user_id))
     group.reindex()

@@ -45,7 +45,11 @@ _RELEASE_STATE = {
     MembershipAction.REMOVE: MembershipState.REMOVED,
     MembershipAction.BAN: MembershipState.BANNED,
     MembershipAction.LEAVE: MembershipState.LEFT,
+    # spec 7.5 has no DISSOLVED state: every member is REMOVED at the dissolve's seq J, so
+    # history below J stays readable and nothing at or after J is delivered (ADR-0021 rule)
+    MembershipAction.DISSOLVE: MembershipState.REMOVED,
 }
+_CHANGES_ROLES = frozenset({MembershipAction.SET_ROLE, MembershipAction.TRANSFER})
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,9 +91,16 @@ class GroupMembership:
             return None
         if record.membership_version != group.version + 1:
             raise MembershipLogError(f"version gap at {key!r}: {group.version} -> {record}")
-        if record.action != MembershipAction.ADD and record.action not in _RELEASE_STATE:
+        known = record.action == MembershipAction.ADD or record.action in _RELEASE_STATE
+        if not known and record.action not in _CHANGES_ROLES:
             raise MembershipLogError(f"unknown membership action {record.action!r}")
+        if group.dissolved:
+            raise MembershipLogError(f"{record.action} after the dissolve of {key!r}")
+        if record.action in _CHANGES_ROLES:
+            return self._publish(group, record, _change_roles(group, record))
         _check_change(group, record)
+        if record.action == MembershipAction.DISSOLVE and record.member_count != 0:
+            raise MembershipLogError(f"a dissolve must release every member: {record}")
         if record.action == MembershipAction.ADD:
             # spec 7.5: joined_at = the join event's own seq - 1, so the event itself is visible
             touched = self._join_all(group, record, record.first_slot, record.conversation_seq - 1)
@@ -97,6 +108,7 @@ class GroupMembership:
             # spec 7.5 / A.3 LEAVE_GROUP: left_at = J, the CONTROL message's own seq
             state, seq = _RELEASE_STATE[record.action], record.conversation_seq
             touched = {group.release(u, state, seq, record.committed_at) for u in record.targets}
+            group.dissolved = record.action == MembershipAction.DISSOLVE
         return self._publish(group, record, touched)
 
     def _apply_create(self, key: GroupKey, record: MembershipCommitted) -> VersionPublished | None:
@@ -236,6 +248,26 @@ class _ShardOf:
     def __call__(self, user_id: str) -> int:
         bucket = user_bucket(self.tenant_id, user_id, self.virtual_bucket_count)
         return mailbox_shard_id(bucket, self.mailbox_shard_count)
+
+
+def _change_roles(group: GroupState, record: MembershipCommitted) -> set[int]:
+    """Validate then apply a set_role or transfer; returns the shards of the changed rows."""
+    if record.conversation_seq < 1:
+        raise MembershipLogError(f"{record.action} needs its CONTROL message seq: {record}")
+    if len(set(record.targets)) != len(record.targets) or not record.targets:
+        raise MembershipLogError(f"targets must be distinct and non-empty: {record}")
+    if record.member_count != group.member_count:
+        raise MembershipLogError(f"a role change keeps member_count: {record}")
+    owner = group.owner()
+    if any(not group.is_member(u) or u == owner for u in record.targets):
+        raise MembershipLogError(f"targets must be members other than the owner: {record}")
+    if record.role not in (Role.ADMIN, Role.MEMBER, Role.GUEST):
+        raise MembershipLogError(f"role {record.role!r} cannot be set: {record}")
+    if record.action == MembershipAction.SET_ROLE:
+        return {group.set_role(u, record.role) for u in record.targets}
+    if len(record.targets) != 1 or owner is None or record.previous_owner != owner:
+        raise MembershipLogError(f"a transfer names the owner and one new owner: {record}")
+    return {group.set_role(owner, record.role), group.set_role(record.targets[0], Role.OWNER)}
 
 
 def _check_change(group: GroupState, record: MembershipCommitted) -> None:

@@ -7,12 +7,16 @@ Three records, three audiences (spec 7.9, 7.5, App. A.3 CREATE_GROUP / LEAVE_GRO
   and in the subject's MEMBERSHIP entry, so it holds only what a client may see::
 
       map {
-        "action":             str   create | add | remove | ban | leave
+        "action":             str   create | add | remove | ban | leave | set_role |
+                                    transfer | dissolve
         "group_id":           str
         "actor":              str   creator, admin-plane principal, or the leaver
         "targets":            [str] affected user ids, ascending, no duplicates
         "membership_version": u64   the version this change produced
         "member_count":       u32   members after the change
+        "role":               str   set_role: the targets' new role; transfer: the
+                                    previous owner's new role (omitted otherwise)
+        "previous_owner":     str   transfer only: who was OWNER before
       }
 
 * :class:`MembershipCommitted` -- the outbox record (tag ``kind = "membership"``), the
@@ -52,6 +56,7 @@ __all__ = [
     "ACTIONS",
     "MEMBERSHIP_CUSTOM_TYPE",
     "MESSAGE_TYPE_CONTROL",
+    "ROLE_ACTIONS",
     "GroupMembershipVersion",
     "MemberSliceRecord",
     "MembershipAction",
@@ -84,6 +89,9 @@ class MembershipAction:
     REMOVE: Final = "remove"
     BAN: Final = "ban"
     LEAVE: Final = "leave"
+    SET_ROLE: Final = "set_role"
+    TRANSFER: Final = "transfer"
+    DISSOLVE: Final = "dissolve"
 
 
 ACTIONS: Final = frozenset(
@@ -93,8 +101,14 @@ ACTIONS: Final = frozenset(
         MembershipAction.REMOVE,
         MembershipAction.BAN,
         MembershipAction.LEAVE,
+        MembershipAction.SET_ROLE,
+        MembershipAction.TRANSFER,
+        MembershipAction.DISSOLVE,
     }
 )
+
+ROLE_ACTIONS: Final = frozenset({MembershipAction.SET_ROLE, MembershipAction.TRANSFER})
+"""Actions that change roles, never the member set (``role`` goes into the CONTROL payload)."""
 
 
 class Role:
@@ -139,6 +153,8 @@ class MembershipControl(_Body, kw_only=True, frozen=True):
     targets: tuple[str, ...] = ()
     membership_version: U64
     member_count: U32
+    role: str = ""
+    previous_owner: str = ""
 
 
 class MembershipCommitted(_Record, tag="membership", kw_only=True, frozen=True):
@@ -146,7 +162,9 @@ class MembershipCommitted(_Record, tag="membership", kw_only=True, frozen=True):
 
     ``first_slot``: slot ids are assigned as ``first_slot + i`` -- on a create chunk 0 the
     creator takes ``first_slot`` and ``targets[i]`` takes ``first_slot + 1 + i`` -- so applying
-    a record never depends on arrival order. ``role`` is granted to ``targets`` on create/add.
+    a record never depends on arrival order. ``role`` is granted to ``targets`` on create/add
+    and set_role; on a transfer ``targets`` is the new OWNER, ``previous_owner`` the old one and
+    ``role`` what the old one becomes. A dissolve lists every member as ``targets``.
     ``display_hints`` is empty or parallel to ``targets``. ``member_count`` is the whole group's
     count after the change (after the last chunk for a create).
     """
@@ -167,6 +185,7 @@ class MembershipCommitted(_Record, tag="membership", kw_only=True, frozen=True):
     committed_at: U64 = 0
     chunk_index: U32 = 0
     chunk_count: U32 = 1
+    previous_owner: str = ""
 
 
 class MemberSliceRecord(_Record, tag="member_slice", kw_only=True, frozen=True):
@@ -239,6 +258,8 @@ def control_of(record: MembershipCommitted) -> MembershipControl:
         targets=record.targets,
         membership_version=record.membership_version,
         member_count=record.member_count,
+        role=record.role if record.action in ROLE_ACTIONS else "",
+        previous_owner=record.previous_owner,
     )
 
 
