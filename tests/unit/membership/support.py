@@ -15,8 +15,11 @@ from qim.core.membership import (
     VersionPublished,
     add_members,
     create_group,
+    dissolve_group,
     leave_group,
     remove_members,
+    set_role,
+    transfer_ownership,
 )
 from qim.schemas.records.membership import MembershipCommitted, Role
 
@@ -87,12 +90,16 @@ class Harness:
         targets: Iterable[str],
         role: str = Role.MEMBER,
         hints: Mapping[str, str] | None = None,
+        *,
+        actor: str = "admin",
+        as_member: bool = False,
     ) -> MembershipCommitted | None:
         record = add_members(
             self.state,
             tenant_id=tenant,
             group_id=group,
-            actor="admin",
+            actor=actor,
+            as_member=as_member,
             targets=targets,
             stamp=self._stamp(tenant, group),
             max_members=MAX_MEMBERS,
@@ -103,13 +110,21 @@ class Harness:
         return record
 
     def remove(
-        self, tenant: str, group: str, targets: Iterable[str], *, ban: bool = False
+        self,
+        tenant: str,
+        group: str,
+        targets: Iterable[str],
+        *,
+        ban: bool = False,
+        actor: str = "admin",
+        as_member: bool = False,
     ) -> MembershipCommitted | None:
         record = remove_members(
             self.state,
             tenant_id=tenant,
             group_id=group,
-            actor="admin",
+            actor=actor,
+            as_member=as_member,
             targets=targets,
             stamp=self._stamp(tenant, group),
             ban=ban,
@@ -124,6 +139,64 @@ class Harness:
             group_id=group,
             user_id=user,
             stamp=self._stamp(tenant, group),
+        )
+        self._commit([record])
+        return record
+
+    def set_role(
+        self,
+        tenant: str,
+        group: str,
+        targets: Iterable[str],
+        role: str,
+        *,
+        actor: str = "admin",
+        as_member: bool = False,
+    ) -> MembershipCommitted | None:
+        record = set_role(
+            self.state,
+            tenant_id=tenant,
+            group_id=group,
+            actor=actor,
+            targets=targets,
+            role=role,
+            stamp=self._stamp(tenant, group),
+            as_member=as_member,
+        )
+        self._commit([record] if record else [])
+        return record
+
+    def transfer(
+        self,
+        tenant: str,
+        group: str,
+        new_owner: str,
+        *,
+        actor: str = "admin",
+        as_member: bool = False,
+    ) -> MembershipCommitted:
+        record = transfer_ownership(
+            self.state,
+            tenant_id=tenant,
+            group_id=group,
+            actor=actor,
+            new_owner=new_owner,
+            stamp=self._stamp(tenant, group),
+            as_member=as_member,
+        )
+        self._commit([record])
+        return record
+
+    def dissolve(
+        self, tenant: str, group: str, *, actor: str = "admin", as_member: bool = False
+    ) -> MembershipCommitted:
+        record = dissolve_group(
+            self.state,
+            tenant_id=tenant,
+            group_id=group,
+            actor=actor,
+            stamp=self._stamp(tenant, group),
+            as_member=as_member,
         )
         self._commit([record])
         return record
