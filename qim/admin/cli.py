@@ -1,4 +1,4 @@
-"""``qim group create|add|remove|show`` and ``qim admin serve``.
+"""``qim group create|add|remove|role|transfer|dissolve|show`` and ``qim admin serve``.
 
 Register with ``main.add_command(group)`` and ``main.add_command(admin)``. The group commands
 talk to the group admin endpoint over HTTP (``--url`` / ``QIM_ADMIN_URL``, ``--secret`` /
@@ -45,11 +45,20 @@ class _Endpoint:
     secret: str | None
     actor: str | None
     timeout_s: float
+    as_member: bool = False
 
     def client(self) -> GroupAdminClient:
         if not self.secret:
             raise click.UsageError(f"the admin secret is missing: --secret or {ENV_ADMIN_SECRET}")
-        return GroupAdminClient(self.url, self.secret, actor=self.actor, timeout_s=self.timeout_s)
+        if self.as_member and not self.actor:
+            raise click.UsageError("--as-member needs --actor USER_ID (the acting member)")
+        return GroupAdminClient(
+            self.url,
+            self.secret,
+            actor=self.actor,
+            timeout_s=self.timeout_s,
+            as_member=self.as_member,
+        )
 
 
 @click.group("group")
@@ -70,16 +79,26 @@ class _Endpoint:
     show_default=True,
     help="Seconds to wait for the endpoint.",
 )
+@click.option(
+    "--as-member",
+    is_flag=True,
+    help="Act on behalf of the member --actor: the group role table (spec 20.2.2) applies.",
+)
 @click.pass_context
 def group(
-    ctx: click.Context, url: str, secret: str | None, actor: str | None, timeout_s: float
+    ctx: click.Context,
+    url: str,
+    secret: str | None,
+    actor: str | None,
+    timeout_s: float,
+    as_member: bool,
 ) -> None:
     """Create groups and change their members through the admin plane (`qim admin serve`).
 
     Group ids have the form g:NAME. Exit codes: 0 done, 1 refused, 2 usage, 3 unavailable or
     timed out (retrying is safe).
     """
-    ctx.obj = _Endpoint(url, secret, actor, timeout_s)
+    ctx.obj = _Endpoint(url, secret, actor, timeout_s, as_member)
 
 
 def _run(endpoint: _Endpoint, call: Callable[[GroupAdminClient], dict[str, Any]]) -> None:
@@ -158,6 +177,36 @@ def remove(
         return results[-1] if len(results) == 1 else {"results": results}
 
     _run(endpoint, each)
+
+
+@group.command("role")
+@_GROUP
+@click.argument("user_id")
+@click.argument("role", type=click.Choice(["ADMIN", "MEMBER", "GUEST"]))
+@_TENANT
+@click.pass_obj
+def role(endpoint: _Endpoint, group_id: str, user_id: str, role: str, tenant_id: str) -> None:
+    """Give USER_ID the ROLE in GROUP_ID (grant or revoke ADMIN; the owner's right)."""
+    _run(endpoint, lambda c: c.set_role(tenant_id, group_id, user_id, role))
+
+
+@group.command("transfer")
+@_GROUP
+@click.argument("new_owner_id")
+@_TENANT
+@click.pass_obj
+def transfer(endpoint: _Endpoint, group_id: str, new_owner_id: str, tenant_id: str) -> None:
+    """Make NEW_OWNER_ID (a member) the OWNER of GROUP_ID; the old owner becomes a MEMBER."""
+    _run(endpoint, lambda c: c.transfer(tenant_id, group_id, new_owner_id))
+
+
+@group.command("dissolve")
+@_GROUP
+@_TENANT
+@click.pass_obj
+def dissolve(endpoint: _Endpoint, group_id: str, tenant_id: str) -> None:
+    """Dissolve GROUP_ID: every member gets the MEMBERSHIP entry, later sends are refused."""
+    _run(endpoint, lambda c: c.dissolve(tenant_id, group_id))
 
 
 @group.command("show")

@@ -13,7 +13,7 @@ import urllib.request
 from collections.abc import Sequence
 from typing import Any
 
-from qim.admin.wire import ADMIN_ACTOR_HEADER, ADMIN_SECRET_HEADER
+from qim.admin.wire import ADMIN_ACTOR_HEADER, ADMIN_AS_MEMBER_HEADER, ADMIN_SECRET_HEADER
 
 __all__ = ["AdminHttpError", "AdminUnreachable", "GroupAdminClient"]
 
@@ -43,15 +43,27 @@ def _segment(value: str) -> str:
 
 
 class GroupAdminClient:
-    """``url`` like ``http://127.0.0.1:16091``; ``timeout_s`` should exceed the server's wait."""
+    """``url`` like ``http://127.0.0.1:16091``; ``timeout_s`` should exceed the server's wait.
+
+    ``as_member``: every change is made on behalf of the member ``actor`` (roles apply)."""
 
     def __init__(
-        self, url: str, admin_secret: str, *, actor: str | None = None, timeout_s: float = 20.0
+        self,
+        url: str,
+        admin_secret: str,
+        *,
+        actor: str | None = None,
+        timeout_s: float = 20.0,
+        as_member: bool = False,
     ) -> None:
         self.url = url.rstrip("/")
         self._headers = {ADMIN_SECRET_HEADER: admin_secret}
         if actor:
             self._headers[ADMIN_ACTOR_HEADER] = actor
+        if as_member:
+            if not actor:
+                raise ValueError("as_member needs the member's user id as actor")
+            self._headers[ADMIN_AS_MEMBER_HEADER] = "1"
         self.timeout_s = timeout_s
 
     def create(
@@ -79,6 +91,21 @@ class GroupAdminClient:
     def show(self, tenant_id: str, group_id: str) -> dict[str, Any]:
         path = f"/v1/groups/{_segment(group_id)}/members"
         return self._call("GET", path, query={"tenant_id": tenant_id})
+
+    def set_role(self, tenant_id: str, group_id: str, user_id: str, role: str) -> dict[str, Any]:
+        """Grant or revoke ADMIN (``role`` ADMIN, MEMBER or GUEST)."""
+        path = f"/v1/groups/{_segment(group_id)}/members/{_segment(user_id)}/role"
+        return self._call("PUT", path, body={"tenant_id": tenant_id, "role": role})
+
+    def transfer(self, tenant_id: str, group_id: str, new_owner_id: str) -> dict[str, Any]:
+        """Make ``new_owner_id`` the OWNER; the previous owner becomes a MEMBER."""
+        body = {"tenant_id": tenant_id, "new_owner_id": new_owner_id}
+        return self._call("POST", f"/v1/groups/{_segment(group_id)}/owner", body=body)
+
+    def dissolve(self, tenant_id: str, group_id: str) -> dict[str, Any]:
+        """End the group: members are released, later sends are PERMISSION_DENIED."""
+        path = f"/v1/groups/{_segment(group_id)}"
+        return self._call("DELETE", path, query={"tenant_id": tenant_id})
 
     def promote_room(
         self, tenant_id: str, room_id: str, group_id: str, owner_id: str

@@ -9,9 +9,12 @@ commits to ``qim.admin-replies`` (spec A.3 #21-#22 notes: GroupAdd / GroupRemove
 operations, there is no owner-kick frame).
 
 Actions: ``create`` (``actor`` is the creator, who becomes OWNER as with CREATE_GROUP;
-``member_ids`` are the invitees), ``add``, ``remove`` (``ban`` bans too) and ``show`` (read-only:
-the reply's ``membership_version`` and ``member_count``; the writer side of ``show`` is wired by
-the conversation app).
+``member_ids`` are the invitees), ``add``, ``remove`` (``ban`` bans too), ``set_role`` (grant or
+revoke ADMIN), ``transfer`` (ownership), ``dissolve`` and ``show`` (read-only: the reply's
+``membership_version`` and ``member_count``; the writer side of ``show`` is wired by the
+conversation app). With ``as_member`` the change is made on behalf of the member ``actor`` and
+the spec 20.2.2 role table applies to it (``qim.core.membership.roles``); without it the admin
+plane acts as the trusted operator.
 
 Room promotion (spec 14.4, :meth:`GroupAdmin.promote_room`): a ``RoomPromoteRequest`` to the
 room's RoomWriter stops the room's ``room_seq`` allocation and answers its online members;
@@ -42,6 +45,7 @@ from qim.gateway.routing.forwarder import (
 )
 from qim.schemas.frames import Error, for_code
 from qim.schemas.hashing import validate_identifier
+from qim.schemas.records.membership import Role
 from qim.schemas.records.requests import (
     AdminGroupRequest,
     AdminReply,
@@ -54,7 +58,10 @@ from qim.streams.topics import ADMIN_REPLIES, CONVERSATION_REQUESTS, ROOM_REQUES
 
 __all__ = ["ACTIONS", "AdminRejected", "AdminTimeout", "GroupAdmin"]
 
-ACTIONS = ("create", "add", "remove", "show")
+ACTIONS = ("create", "add", "remove", "show", "set_role", "transfer", "dissolve")
+SETTABLE_ROLES = (Role.ADMIN, Role.MEMBER, Role.GUEST)
+"""Roles ``set_role`` may give; OWNER moves only by ``transfer``."""
+_NEEDS_MEMBERS = ("add", "remove", "set_role", "transfer")
 
 
 class AdminTimeout(Exception):
@@ -126,9 +133,17 @@ class GroupAdmin:
         return await self.execute(tenant_id, group_id, "create", owner_id, member_ids)
 
     async def add(
-        self, tenant_id: str, group_id: str, member_ids: Iterable[str], actor: str
+        self,
+        tenant_id: str,
+        group_id: str,
+        member_ids: Iterable[str],
+        actor: str,
+        *,
+        as_member: bool = False,
     ) -> AdminReply:
-        return await self.execute(tenant_id, group_id, "add", actor, member_ids)
+        return await self.execute(
+            tenant_id, group_id, "add", actor, member_ids, as_member=as_member
+        )
 
     async def remove(
         self,
@@ -138,8 +153,37 @@ class GroupAdmin:
         actor: str,
         *,
         ban: bool = False,
+        as_member: bool = False,
     ) -> AdminReply:
-        return await self.execute(tenant_id, group_id, "remove", actor, member_ids, ban=ban)
+        return await self.execute(
+            tenant_id, group_id, "remove", actor, member_ids, ban=ban, as_member=as_member
+        )
+
+    async def set_role(
+        self,
+        tenant_id: str,
+        group_id: str,
+        member_ids: Iterable[str],
+        role: str,
+        actor: str,
+        *,
+        as_member: bool = False,
+    ) -> AdminReply:
+        return await self.execute(
+            tenant_id, group_id, "set_role", actor, member_ids, role=role, as_member=as_member
+        )
+
+    async def transfer(
+        self, tenant_id: str, group_id: str, new_owner: str, actor: str, *, as_member: bool = False
+    ) -> AdminReply:
+        return await self.execute(
+            tenant_id, group_id, "transfer", actor, (new_owner,), as_member=as_member
+        )
+
+    async def dissolve(
+        self, tenant_id: str, group_id: str, actor: str, *, as_member: bool = False
+    ) -> AdminReply:
+        return await self.execute(tenant_id, group_id, "dissolve", actor, as_member=as_member)
 
     async def show(self, tenant_id: str, group_id: str, actor: str) -> AdminReply:
         return await self.execute(tenant_id, group_id, "show", actor)
@@ -200,13 +244,17 @@ class GroupAdmin:
         member_ids: Iterable[str] = (),
         *,
         ban: bool = False,
+        role: str = "",
+        as_member: bool = False,
     ) -> AdminReply:
         """Produce one AdminGroupRequest and return its AdminReply.
 
         Raises ValueError for a malformed argument (nothing produced), AdminRejected when the
         writer refuses, AdminTimeout, or the producer's error when Kafka did not take it.
         """
-        request = self.request(tenant_id, group_id, action, actor, member_ids, ban=ban)
+        request = self.request(
+            tenant_id, group_id, action, actor, member_ids, ban=ban, role=role, as_member=as_member
+        )
         reply_to = request.reply_to
         assert reply_to is not None
         partition = conversation_partition(tenant_id, group_id, self.partition_count)
@@ -242,6 +290,8 @@ class GroupAdmin:
         member_ids: Iterable[str] = (),
         *,
         ban: bool = False,
+        role: str = "",
+        as_member: bool = False,
     ) -> AdminGroupRequest:
         """The validated envelope with a fresh ``reply_to`` (pure; tests read it)."""
         if action not in ACTIONS:
@@ -252,8 +302,12 @@ class GroupAdmin:
         members = tuple(dict.fromkeys(member_ids))
         for member in members:
             validate_identifier(member, "member_id")
-        if action in ("add", "remove") and not members:
+        if action in _NEEDS_MEMBERS and not members:
             raise ValueError(f"{action} needs at least one member id")
+        if action == "transfer" and len(members) != 1:
+            raise ValueError("transfer needs exactly one new owner")
+        if action == "set_role" and role not in SETTABLE_ROLES:
+            raise ValueError(f"role must be one of {', '.join(SETTABLE_ROLES)}, not {role!r}")
         correlation_id = uuid.uuid4().hex
         return AdminGroupRequest(
             tenant_id=tenant_id,
@@ -263,6 +317,8 @@ class GroupAdmin:
             member_ids=members,
             ban=ban and action == "remove",
             reply_to=AdminReplyTo(node_id=self.node_id, correlation_id=correlation_id),
+            as_member=as_member,
+            role=role if action == "set_role" else "",
         )
 
 

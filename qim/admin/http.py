@@ -9,9 +9,16 @@ put it behind service-to-service mTLS before exposing it beyond loopback (§20.1
 ``POST   /v1/groups/{group_id}/members``            ``{tenant_id, member_ids, actor?}`` GroupAdd
 ``DELETE /v1/groups/{group_id}/members/{user_id}``  ``?tenant_id=..&ban=1&actor=..`` GroupRemove
 ``GET    /v1/groups/{group_id}/members``            ``?tenant_id=..`` show: version and count
+``PUT    /v1/groups/{group_id}/members/{user_id}/role`` ``{tenant_id, role, actor?}`` grant /
+                                                   revoke ADMIN (role ADMIN | MEMBER | GUEST)
+``POST   /v1/groups/{group_id}/owner``              ``{tenant_id, new_owner_id, actor?}`` transfer
+``DELETE /v1/groups/{group_id}``                    ``?tenant_id=..&actor=..`` dissolve
 
 ``actor`` (who did it, recorded in the CONTROL message) defaults to the ``X-Qim-Admin-Actor``
-header, else ``admin``. Success: ``200 {tenant_id, group_id, action, membership_version,
+header, else ``admin``. ``as_member`` (body or query, default the ``X-Qim-Admin-As-Member``
+header): the change is made on behalf of the member ``actor``, and the spec 20.2.2 role table
+applies to it (a refusal is 403 PERMISSION_DENIED); without it the endpoint acts as the trusted
+operator. Success: ``200 {tenant_id, group_id, action, membership_version,
 member_count}``. Errors: ``{error, detail?, code?, retry_after_ms?}`` with 400 (bad input),
 401 (secret), 403 (PERMISSION_DENIED: no such group, group exists, not allowed - one answer, as
 on the client wire), 413 (PAYLOAD_TOO_LARGE), 429 (RATE_LIMITED), 503 (Kafka unreachable,
@@ -28,8 +35,14 @@ from typing import Any, Final
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
-from qim.admin.groups import AdminRejected, AdminTimeout, GroupAdmin, reply_json
-from qim.admin.wire import ADMIN_ACTOR_HEADER, ADMIN_SECRET_HEADER
+from qim.admin.groups import (
+    SETTABLE_ROLES,
+    AdminRejected,
+    AdminTimeout,
+    GroupAdmin,
+    reply_json,
+)
+from qim.admin.wire import ADMIN_ACTOR_HEADER, ADMIN_AS_MEMBER_HEADER, ADMIN_SECRET_HEADER
 from qim.schemas.frames import ErrorCode
 
 __all__ = ["make_group_admin_app"]
@@ -93,6 +106,23 @@ def _actor(request: web.Request, body: dict[str, Any] | None = None) -> str:
     return _text(body if body is not None else request.query, "actor", default)
 
 
+_TRUE: Final = ("1", "true", "yes")
+
+
+def _flag(value: Any, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str):
+        return value.lower() in _TRUE
+    raise _BadRequest(f"{name} must be a boolean")
+
+
+def _as_member(request: web.Request, body: dict[str, Any] | None = None) -> bool:
+    source: Any = body if body is not None else request.query
+    default = request.headers.get(ADMIN_AS_MEMBER_HEADER, "0")
+    return _flag(source.get("as_member", default), "as_member")
+
+
 def _ok(tenant_id: str, group_id: str, action: str, reply: Any) -> web.Response:
     return web.json_response(
         {"tenant_id": tenant_id, "group_id": group_id, "action": action, **reply_json(reply)}
@@ -111,17 +141,50 @@ async def _add(request: web.Request) -> web.Response:
     body = await _json_object(request)
     group = request.match_info["group_id"]
     tenant, members = _text(body, "tenant_id"), _ids(body, "member_ids", required=True)
-    reply = await request.app[_ADMIN].add(tenant, group, members, _actor(request, body))
+    admin = request.app[_ADMIN]
+    actor, as_member = _actor(request, body), _as_member(request, body)
+    reply = await admin.add(tenant, group, members, actor, as_member=as_member)
     return _ok(tenant, group, "add", reply)
 
 
 async def _remove(request: web.Request) -> web.Response:
     group, user = request.match_info["group_id"], request.match_info["user_id"]
     tenant = _text(request.query, "tenant_id")
-    ban = request.query.get("ban", "0").lower() in ("1", "true", "yes")
+    ban = request.query.get("ban", "0").lower() in _TRUE
     admin = request.app[_ADMIN]
-    reply = await admin.remove(tenant, group, [user], _actor(request), ban=ban)
+    as_member = _as_member(request)
+    reply = await admin.remove(tenant, group, [user], _actor(request), ban=ban, as_member=as_member)
     return _ok(tenant, group, "ban" if ban else "remove", reply)
+
+
+async def _set_role(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    group, user = request.match_info["group_id"], request.match_info["user_id"]
+    tenant, role = _text(body, "tenant_id"), _text(body, "role")
+    if role not in SETTABLE_ROLES:
+        raise _BadRequest(f"role must be one of {', '.join(SETTABLE_ROLES)}")
+    admin = request.app[_ADMIN]
+    actor, as_member = _actor(request, body), _as_member(request, body)
+    reply = await admin.set_role(tenant, group, [user], role, actor, as_member=as_member)
+    return _ok(tenant, group, "set_role", reply)
+
+
+async def _transfer(request: web.Request) -> web.Response:
+    body = await _json_object(request)
+    group = request.match_info["group_id"]
+    tenant, new_owner = _text(body, "tenant_id"), _text(body, "new_owner_id")
+    admin = request.app[_ADMIN]
+    actor, as_member = _actor(request, body), _as_member(request, body)
+    reply = await admin.transfer(tenant, group, new_owner, actor, as_member=as_member)
+    return _ok(tenant, group, "transfer", reply)
+
+
+async def _dissolve(request: web.Request) -> web.Response:
+    group = request.match_info["group_id"]
+    tenant = _text(request.query, "tenant_id")
+    admin = request.app[_ADMIN]
+    reply = await admin.dissolve(tenant, group, _actor(request), as_member=_as_member(request))
+    return _ok(tenant, group, "dissolve", reply)
 
 
 async def _show(request: web.Request) -> web.Response:
@@ -188,5 +251,8 @@ def make_group_admin_app(admin: GroupAdmin, admin_secret: str) -> web.Applicatio
     app.router.add_post("/v1/groups/{group_id}/members", _add)
     app.router.add_delete("/v1/groups/{group_id}/members/{user_id}", _remove)
     app.router.add_get("/v1/groups/{group_id}/members", _show)
+    app.router.add_put("/v1/groups/{group_id}/members/{user_id}/role", _set_role)
+    app.router.add_post("/v1/groups/{group_id}/owner", _transfer)
+    app.router.add_delete("/v1/groups/{group_id}", _dissolve)
     app.router.add_post("/v1/rooms/{room_id}/promote", _promote)
     return app

@@ -248,6 +248,39 @@ async def test_the_cli_prints_the_answer_and_refuses_bad_input(
     assert bad.exit_code == 2 and "g:NAME" in bad.output
 
 
+@pytest.mark.parametrize(
+    ("command", "expected"),
+    [
+        (["role", "USER:bob", "ADMIN"], ("set_role", ("bob",), "ADMIN")),
+        (["transfer", "USER:bob"], ("transfer", ("bob",), "")),
+        (["dissolve"], ("dissolve", (), "")),
+    ],
+)
+async def test_the_cli_role_transfer_and_dissolve_act_on_behalf_of_the_member(
+    server: GroupAdminServer,
+    writer: FakeWriter,
+    command: list[str],
+    expected: tuple[str, tuple[str, ...], str],
+) -> None:
+    """``qim group --actor alice --as-member role|transfer|dissolve`` produces the request the
+    writer checks against alice's role (spec 20.2.2); its refusal exits 1 with the code."""
+    group = gid()
+    argv = [a.removeprefix("USER:") for a in command]
+    args = ["group", "--url", server.url, "--secret", SECRET, "--actor", "alice", "--as-member"]
+    invoke = asyncio.to_thread(
+        CliRunner().invoke, main, [*args, argv[0], group, *argv[1:], "--tenant", TENANT]
+    )
+    pending = asyncio.create_task(invoke)
+    _, request = await writer.request_for(group)
+    assert (request.action, request.member_ids, request.role) == expected
+    assert (request.actor, request.as_member) == ("alice", True)
+    denied = Error(code=ErrorCode.PERMISSION_DENIED, detail="role_may_not_transfer")
+    await writer.reply(request, error=denied)
+    result = await pending
+    assert result.exit_code == 1, result.output
+    assert "PERMISSION_DENIED" in result.output
+
+
 async def test_requests_need_the_secret_and_well_formed_input(server: GroupAdminServer) -> None:
     with pytest.raises(AdminHttpError) as info:
         await asyncio.to_thread(http(server, "wrong-secret-0123456789").show, TENANT, gid())

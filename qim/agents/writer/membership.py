@@ -1,4 +1,5 @@
-"""Membership requests: CREATE_GROUP, LEAVE_GROUP and the admin plane's create / add / remove.
+"""Membership requests: CREATE_GROUP, LEAVE_GROUP and the admin plane's create / add / remove /
+set_role / transfer / dissolve (roles checked by ``qim.core.membership.roles``).
 
 Each is one GroupMembership operation (``qim.core.membership``) whose records the partition
 appends; applying them publishes the new version's member slices into the same plan. What the
@@ -22,9 +23,12 @@ from qim.core.membership import (
     MembershipRejected,
     add_members,
     create_group,
+    dissolve_group,
     leave_group,
     leave_reply,
     remove_members,
+    set_role,
+    transfer_ownership,
 )
 from qim.schemas.frames.exceptions import ProtocolError
 from qim.schemas.frames.members import MemberListBatch
@@ -112,6 +116,7 @@ def admin(
                 targets=request.member_ids,
                 stamp=_stamp(pw, tenant_id, group_id, now_ms),
                 max_members=max_members,
+                as_member=request.as_member,
             )
             if record is not None:
                 pw.append(record, plan)
@@ -124,12 +129,50 @@ def admin(
                 targets=request.member_ids,
                 stamp=_stamp(pw, tenant_id, group_id, now_ms),
                 ban=request.ban,
+                as_member=request.as_member,
             )
             if record is not None:
                 pw.append(record, plan)
+        elif request.action == MembershipAction.SET_ROLE:
+            record = set_role(
+                pw.membership,
+                tenant_id=tenant_id,
+                group_id=group_id,
+                actor=actor,
+                targets=request.member_ids,
+                role=request.role,
+                stamp=_stamp(pw, tenant_id, group_id, now_ms),
+                as_member=request.as_member,
+            )
+            if record is not None:
+                pw.append(record, plan)
+        elif request.action == MembershipAction.TRANSFER:
+            if len(request.member_ids) != 1:
+                raise MembershipRejected("transfer_needs_one_new_owner")
+            record = transfer_ownership(
+                pw.membership,
+                tenant_id=tenant_id,
+                group_id=group_id,
+                actor=actor,
+                new_owner=request.member_ids[0],
+                stamp=_stamp(pw, tenant_id, group_id, now_ms),
+                as_member=request.as_member,
+            )
+            pw.append(record, plan)
+        elif request.action == MembershipAction.DISSOLVE:
+            record = dissolve_group(
+                pw.membership,
+                tenant_id=tenant_id,
+                group_id=group_id,
+                actor=actor,
+                stamp=_stamp(pw, tenant_id, group_id, now_ms),
+                as_member=request.as_member,
+            )
+            pw.append(record, plan)
         elif request.action == ADMIN_SHOW:
             # Read-only: the reply carries the current version and count, nothing is appended.
-            if pw.membership.group(tenant_id, group_id) is None:
+            group = pw.membership.group(tenant_id, group_id)
+            if group is None or group.dissolved:
                 raise MembershipRejected("no_such_group")
         else:
             raise MembershipRejected(f"unknown_action:{request.action}")

@@ -264,8 +264,11 @@ class AdminReplyTo(_Record, tag="admin_reply_to", kw_only=True, frozen=True):
 class AdminGroupRequest(_Record, tag="admin_group", kw_only=True, frozen=True):
     """The trusted admin plane's GroupAdd / GroupRemove / create (spec A.3 #21-#22 notes).
 
-    ``action`` is ``"create"``, ``"add"`` or ``"remove"``; ``ban`` with remove also bans.
-    ``actor`` is the operator recorded in the CONTROL message.
+    ``action`` is ``"create"``, ``"add"``, ``"remove"`` (``ban`` also bans), ``"set_role"``
+    (``member_ids`` get ``role``), ``"transfer"`` (``member_ids`` = the new OWNER),
+    ``"dissolve"`` or ``"show"``. ``actor`` is recorded in the CONTROL message: the operator
+    itself, or with ``as_member`` the member on whose behalf the change is made, whose role
+    must allow it (spec 20.2.2, ``qim.core.membership.roles``).
     """
 
     tenant_id: str
@@ -275,6 +278,8 @@ class AdminGroupRequest(_Record, tag="admin_group", kw_only=True, frozen=True):
     member_ids: tuple[str, ...] = ()
     ban: bool = False
     reply_to: AdminReplyTo | None = None
+    as_member: bool = False
+    role: str = ""
 
     @property
     def key(self) -> bytes:
