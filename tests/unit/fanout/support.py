@@ -26,6 +26,7 @@ from qim.core.membership import (
     SliceAssembler,
     add_members,
     create_group,
+    dissolve_group,
     leave_group,
     member_slices,
     remove_members,
@@ -148,6 +149,18 @@ class Outbox:
             group_id=group,
             user_id=user,
             stamp=self._stamp(group),
+        )
+        self._commit([record])
+        return record
+
+    def dissolve(self, group: str, owner: str) -> MembershipCommitted:
+        record = dissolve_group(
+            self.membership,
+            tenant_id=self.tenant,
+            group_id=group,
+            actor=owner,
+            stamp=self._stamp(group),
+            as_member=True,
         )
         self._commit([record])
         return record
