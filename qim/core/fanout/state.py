@@ -310,6 +310,8 @@ class FanoutState:
         subjects: dict[int, list[str]] = {}
         broadcast = self.config.broadcasts(record.member_count)
         users = record.targets
+        if record.previous_owner:  # a transfer: the previous owner's role changes too
+            users = (*record.targets, record.previous_owner)
         if record.action == MembershipAction.CREATE:
             # the creator and the invitees join (10.1.3, 12.9): all are subjects, nobody is
             # left for a broadcast. From the record alone, so a redelivery is identical; a

@@ -35,6 +35,7 @@ from qim.core.session_list import (
     SetMuted,
     SetNotificationPolicy,
     SetPin,
+    SetRole,
     UserChange,
     UserConversationState,
     apply_change,
@@ -116,8 +117,9 @@ _ENDS: Final = {"leave": LEFT, "remove": REMOVED, "ban": BANNED, "dissolve": REM
 
 def membership_change(d: GroupDispatch, user_id: str) -> UserChange | None:
     """The 7.5 membership change a MEMBERSHIP dispatch makes for one of its recipients: a
-    join (create/add) or a leave (leave/remove/ban) at its ``conversation_seq``, for the
-    users it names; None for everyone else (a notice to the remaining members)."""
+    join (create/add; the creator as OWNER), a leave (leave/remove/ban/dissolve) or a role
+    (set_role/transfer) at its ``conversation_seq``, for the users it names; None for
+    everyone else (a notice to the remaining members)."""
     if d.event_type != EventType.MEMBERSHIP or d.custom_type != MEMBERSHIP_CUSTOM_TYPE:
         return None
     try:
@@ -127,6 +129,8 @@ def membership_change(d: GroupDispatch, user_id: str) -> UserChange | None:
     subjects = set(control.targets)
     if control.action in ("create", "leave"):
         subjects.add(control.actor)
+    if control.action == "transfer" and control.previous_owner:
+        subjects.add(control.previous_owner)
     if control.action == "create":
         # a create reaches exactly its initial members (the fanout names them all, of every
         # chunk, while the payload lists only its own chunk's invitees)
@@ -135,8 +139,15 @@ def membership_change(d: GroupDispatch, user_id: str) -> UserChange | None:
         return None
     if control.action in _ENDS:
         return Leave(d.conversation_seq, _ENDS[control.action])
+    if control.action == "create" and user_id == control.actor:
+        return Join(d.conversation_seq, "OWNER")
     if control.action in ("create", "add"):
         return Join(d.conversation_seq)
+    if control.action == "set_role" and control.role:
+        return SetRole(d.conversation_seq, control.role)
+    if control.action == "transfer" and control.role:
+        role = control.role if user_id == control.previous_owner else "OWNER"
+        return SetRole(d.conversation_seq, role)
     return None
 
 

@@ -43,6 +43,7 @@ __all__ = [
     "SetMuted",
     "SetNotificationPolicy",
     "SetPin",
+    "SetRole",
     "Stamp",
     "UserChange",
     "UserConversationState",
@@ -183,6 +184,14 @@ class Leave:
     membership_state: str = LEFT
 
 
+@dataclass(frozen=True, slots=True)
+class SetRole:
+    """MEMBERSHIP set_role / transfer at seq J: an active member's new role (20.2.2)."""
+
+    role_conversation_seq: int
+    role: str
+
+
 UserChange: TypeAlias = (
     MarkRead
     | MarkUnread
@@ -194,6 +203,7 @@ UserChange: TypeAlias = (
     | SetNotificationPolicy
     | Join
     | Leave
+    | SetRole
 )
 
 
@@ -250,6 +260,10 @@ def apply_change(
                 "left_at_conversation_seq": None,
                 "membership_seq": seq,
             }
+        case SetRole(seq, role):
+            if seq <= state.membership_seq or state.membership_state != ACTIVE:
+                return state
+            updates = {"role": role, "membership_seq": seq}
         case Leave(seq, ended):
             if ended not in _ENDED:
                 raise ValueError(f"not a leave state: {ended!r}")

@@ -30,6 +30,8 @@ from qim.core.membership import (
     leave_group,
     member_slices,
     remove_members,
+    set_role,
+    transfer_ownership,
 )
 from qim.schemas.events import EventType
 from qim.schemas.frames.base import MENTION_ALL, MentionType
@@ -149,6 +151,34 @@ class Outbox:
             group_id=group,
             user_id=user,
             stamp=self._stamp(group),
+        )
+        self._commit([record])
+        return record
+
+    def set_role(self, group: str, owner: str, user: str, role: str) -> MembershipCommitted:
+        record = set_role(
+            self.membership,
+            tenant_id=self.tenant,
+            group_id=group,
+            actor=owner,
+            targets=[user],
+            role=role,
+            stamp=self._stamp(group),
+            as_member=True,
+        )
+        assert record is not None
+        self._commit([record])
+        return record
+
+    def transfer(self, group: str, owner: str, new_owner: str) -> MembershipCommitted:
+        record = transfer_ownership(
+            self.membership,
+            tenant_id=self.tenant,
+            group_id=group,
+            actor=owner,
+            new_owner=new_owner,
+            stamp=self._stamp(group),
+            as_member=True,
         )
         self._commit([record])
         return record
