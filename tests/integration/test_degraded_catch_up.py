@@ -56,7 +56,7 @@ from tests.integration.test_slow_client import (
     seen,
 )
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]  # a socket backlog / deadline: alone
+pytestmark = pytest.mark.integration
 
 BURST = 100
 WHILE_DEGRADED = 10

@@ -30,7 +30,7 @@ from tests.integration.mailbox_support import Node as MailboxWorker
 from tests.integration.online_support import Device, connect
 from tests.integration.test_gateway_routing import SETTINGS
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]  # a socket backlog / deadline: alone
+pytestmark = pytest.mark.integration
 
 DEADLINE_MS = 3_000
 

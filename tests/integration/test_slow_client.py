@@ -44,7 +44,7 @@ from tests.integration.login_support import from_alice, pipeline
 from tests.integration.mailbox_support import Client as MailboxProbe
 from tests.integration.online_support import Device, PushWatch, connect, online, until, warm_up
 
-pytestmark = [pytest.mark.integration, pytest.mark.serial]  # a socket backlog / deadline: alone
+pytestmark = pytest.mark.integration
 
 KiB = 1024
 MESSAGES = 100

@@ -11,16 +11,12 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-import pytest
-
 from qim.core.push import FlowState
 from qim.gateway.transport.connection import Connection
 from qim.params import Settings
 from qim.schemas.frames import Error, ErrorCode, Frame, PushEvents
 from tests.gateway_support import Closed, Gateway, RawClient, make_cert, running_gateway
 from tests.unit.gateway.flow_support import push
-
-pytestmark = pytest.mark.serial  # a real socket's backlog: measured alone (scripts/test)
 
 KiB = 1024
 SETTINGS = Settings.load(
