@@ -23,7 +23,8 @@ restores it from the checkpoint and the outbox.
 carries the message (``amend:<conversation_id>:<target_seq>`` names a RECALL / EDIT instead,
 ``react:<conversation_id>:<seq>:<user_id>:<reaction_key>`` a REACT).
 Steps: ``decided`` (coordinates allocated, nothing appended), ``appended`` (outbox records
-acknowledged inside the open transaction), ``committed`` (transaction committed, MessageStore not
+acknowledged inside the open transaction), ``committed`` (transaction committed and its replies
+acknowledged -- an armed batch waits for them even with a reply backlog -- MessageStore not
 written), ``stored`` (everything done).
 """
 
@@ -53,7 +54,6 @@ from qim.schemas.records import (
     DIRECT,
     AmendRequest,
     MessageReacted,
-    OutboxRecord,
     PullHistoryRequest,
     PullReactionsRequest,
     ReactRequest,
@@ -177,10 +177,21 @@ class OwnedPartition:
         reply_producer: Any = None,
         reaction_merge_window_ms: int = 0,
         connection_shard: Callable[[str, str], int] | None = None,
+        early_offsets: bool = True,
+        reply_backlog: int = 0,
+        background: set[asyncio.Task[None]] | None = None,
     ) -> None:
         """``reply_producer`` (non-transactional, shared by the process's partitions) sends the
         replies after the commit; without one they ride the transaction (unit tests), and no
-        REACTION_UPDATE is pushed. ``connection_shard(tenant, user)`` addresses the pushes."""
+        REACTION_UPDATE is pushed. ``connection_shard(tenant, user)`` addresses the pushes.
+
+        ``early_offsets``: the request offsets are handed to the transaction right after the
+        sends are enqueued, so their AddOffsetsToTxn + TxnOffsetCommit run while the produce
+        acknowledgements are awaited (aiokafka's sender runs one coordinator request at a time
+        beside the produce requests, and ``commit_transaction`` still flushes every send first).
+        ``reply_backlog``: how many committed transactions' replies may await their
+        acknowledgements in ``background`` tasks while the partition goes on; 0 waits for them.
+        """
         self.writer = writer
         self.metrics = metrics
         self.producer = producer
@@ -200,6 +211,10 @@ class OwnedPartition:
         self._connection_shard = connection_shard
         self.reaction_pushes = 0
         """ReactionPush records handed to the reply producer (the service's status page)."""
+        self.early_offsets = early_offsets
+        self._reply_slots = asyncio.Semaphore(reply_backlog) if reply_backlog > 0 else None
+        self.background: set[asyncio.Task[None]] = background if background is not None else set()
+        """The tasks awaiting the acknowledgements of committed replies (``_reply``)."""
 
     @property
     def partition(self) -> int:
@@ -247,17 +262,29 @@ class OwnedPartition:
         self.crash("decided", armed)
         producer, topics, p = self.producer, self.topics, self.partition
         started = time.perf_counter()
+        offsets = {self._tp: OffsetAndMetadata(next_offset, "")}
         await producer.begin_transaction()
         try:
-            appended = await self._send(plan, replies=self.reply_producer is None)
+            outbox, others = await self._enqueue(plan, replies=self.reply_producer is None)
+            sent_offsets: asyncio.Future[None] | None = None
+            if self.early_offsets:  # the offsets do not depend on the acknowledgements
+                sent_offsets = asyncio.ensure_future(
+                    producer.send_offsets_to_transaction(offsets, self.group_id)
+                )
+                sent_offsets.add_done_callback(_retrieve)  # a failed send is what raises
+            metadata = await asyncio.gather(*outbox)
+            await asyncio.gather(*others)
+            appended = [(r, m.offset) for r, m in zip(plan.outbox, metadata, strict=True)]
             self.crash("appended", armed)
             checkpointed = self._checkpoint_due()
             if checkpointed:
                 covers = appended[-1][1] if appended else self.writer.applied_offset
                 for key, value in checkpoint_records(self.writer.checkpoint(covers)):
                     await self._produce(topics.snapshots, value, key, p)
-            offsets = {self._tp: OffsetAndMetadata(next_offset, "")}
-            await producer.send_offsets_to_transaction(offsets, self.group_id)
+            if sent_offsets is None:
+                await producer.send_offsets_to_transaction(offsets, self.group_id)
+            else:
+                await sent_offsets
             if not self.lease_valid():
                 raise SelfFencedError("lease lapsed before the commit")
             await producer.commit_transaction()
@@ -274,7 +301,8 @@ class OwnedPartition:
             self.writer.debt = 0
             self.last_checkpoint = time.monotonic()
         if self.reply_producer is not None:
-            await self._reply(plan)
+            # an armed crash hook's batch waits: the crash table's "committed" has replied
+            await self._reply(plan, wait=armed or self._reply_slots is None)
             now = _monotonic_ms()
             for reaction in plan.reactions:
                 self.reaction_merge.offer(reaction, now)
@@ -284,8 +312,11 @@ class OwnedPartition:
         self.writer.stored(appended)
         self.crash("stored", armed)
 
-    async def _send(self, plan: Plan, *, replies: bool) -> list[tuple[OutboxRecord, int]]:
-        """Produce the plan in decision order; returns the outbox records with their offsets.
+    async def _enqueue(
+        self, plan: Plan, *, replies: bool
+    ) -> tuple[list[asyncio.Future[Any]], list[asyncio.Future[Any]]]:
+        """Produce the plan in decision order; returns the outbox records' acknowledgements
+        and the others'.
 
         ``replies``: the replies ride the transaction too (only without a reply producer)."""
         topics, p = self.topics, self.partition
@@ -309,12 +340,16 @@ class OwnedPartition:
         ]
         if replies:
             others.extend(await self._replies(plan, self._produce))
-        metadata = await asyncio.gather(*outbox)
-        await asyncio.gather(*others)
-        return [(r, m.offset) for r, m in zip(plan.outbox, metadata, strict=True)]
+        return outbox, others
 
-    async def _reply(self, plan: Plan) -> None:
-        """The replies of a committed batch, in decision order, acknowledged before returning.
+    async def _reply(self, plan: Plan, *, wait: bool) -> None:
+        """The replies of a committed batch, enqueued in decision order before returning.
+
+        ``wait``: their acknowledgements too; else a background task awaits them, and at most
+        ``reply_backlog`` such tasks per partition exist (the next waits for a slot, so a stuck
+        reply path holds the partition instead of growing memory). Enqueued under the
+        partition's lock, in commit order, on one idempotent producer: a requester's replies
+        keep their order on its ConnectionShard partition either way.
 
         Outside the transaction (issue 13): the transaction then touches the outbox partition,
         the member slices' shards and the offsets, not one ``qim.to-gateway`` partition per
@@ -332,7 +367,24 @@ class OwnedPartition:
             future.add_done_callback(_retrieve)
             return future
 
-        futures = await self._replies(plan, send)
+        slots = None if wait else self._reply_slots
+        if slots is not None:
+            await slots.acquire()
+        try:
+            futures = await self._replies(plan, send)
+        except BaseException:
+            if slots is not None:
+                slots.release()
+            raise
+        if slots is None:
+            await self._settle(futures)
+            return
+        task = asyncio.create_task(self._settle(futures), name=f"replies-p{self.partition}")
+        self.background.add(task)
+        task.add_done_callback(self.background.discard)
+        task.add_done_callback(lambda _: slots.release())
+
+    async def _settle(self, futures: Sequence[asyncio.Future[Any]]) -> None:
         results = await asyncio.gather(*futures, return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:  # the records are committed: the client's retry gets the same answer
