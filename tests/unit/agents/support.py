@@ -252,6 +252,9 @@ def owned(
     checkpoint_every: int = 1000,
     crash: CrashHook | None = None,
     lease: bool = True,
+    reply_producer: Any = None,
+    early_offsets: bool = True,
+    reply_backlog: int = 0,
 ) -> OwnedPartition:
     return OwnedPartition(
         writer,
@@ -263,6 +266,9 @@ def owned(
         checkpoint_interval_s=3600,
         lease_valid=lambda: lease,
         crash=crash or CrashHook(),
+        reply_producer=reply_producer,
+        early_offsets=early_offsets,
+        reply_backlog=reply_backlog,
     )
 
 
