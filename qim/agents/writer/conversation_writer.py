@@ -18,10 +18,9 @@ Lifecycle of a partition:
   transaction as a task while the loop keeps fetching the others; the task resumes the
   partition when done, if the same ``OwnedPartition`` still serves it (a give-up or a revocation
   leaves the resume to the restore). So one transaction at a time per partition, in log order,
-  and no partition waits for another's commit. The replies of a committed transaction are
-  enqueued before the partition resumes, but their acknowledgements are awaited in the
-  background (at most ``reply_backlog`` transactions' worth per partition, round 5). With
-  ``linger_ms`` (``QIM_WRITER_LINGER_MS``) the first fetch of a resumed partition opens a
+  and no partition waits for another's commit. The request offsets join the transaction
+  while its produce acknowledgements are awaited (``early_offsets``, bench/README.md round 5).
+  With ``linger_ms`` (``QIM_WRITER_LINGER_MS``) the first fetch of a resumed partition opens a
   *gather* instead: the partition keeps fetching, later records join it, and after
   ``linger_ms`` (or at ``min_batch`` requests) it pauses and runs as one transaction -- fewer
   transactions at low rates, where each carries one request otherwise (bench/README.md
@@ -141,8 +140,6 @@ class ConversationWriterService(Service):
         self.metrics = WriterMetrics(self.registry, self.status)
         self.producer_replaced = replaced_counter(self.registry, "conversation")
         self._replies: RecoveringProducer | None = None
-        self._reply_acks: set[asyncio.Task[None]] = set()
-        """Committed replies awaiting their acknowledgements (``OwnedPartition._reply``)."""
         self.quota = UserQuotaFollower(
             options.bootstrap, options.user_quota_topic, options.mailbox_shard_count
         )
@@ -229,8 +226,7 @@ class ConversationWriterService(Service):
         if self._consumer is not None:
             await self._consumer.stop()
         if self._replies is not None:
-            await self._replies.stop()  # every reply still in flight gets its outcome
-        await asyncio.gather(*self._reply_acks, return_exceptions=True)
+            await self._replies.stop()
         await self.quota.stop()
 
     def _connection_shard(self, tenant_id: str, user_id: str) -> int:
@@ -469,8 +465,6 @@ class ConversationWriterService(Service):
                 reaction_merge_window_ms=opts.settings.reaction_push_merge_window,
                 connection_shard=self._connection_shard,
                 early_offsets=opts.early_offsets,
-                reply_backlog=opts.reply_backlog,
-                background=self._reply_acks,
             )
             tp = TopicPartition(opts.requests_topic, p)
             committed = await consumer.committed(tp)

@@ -15,9 +15,8 @@ cover is ours and documented on the fields. Environment variables beyond ``QIM_<
 * ``QIM_WRITER_CHECKPOINT_EVERY`` -- outbox records between checkpoints;
 * ``QIM_WRITER_LINGER_MS`` / ``QIM_WRITER_MIN_BATCH`` -- the transaction cut
   (``WriterOptions.linger_ms``, ``min_batch``; measured in ``bench/README.md`` round 4);
-* ``QIM_WRITER_EARLY_OFFSETS`` (``1``/``0``) / ``QIM_WRITER_REPLY_BACKLOG`` -- the offsets'
-  round trips overlap the produce acknowledgements, and the replies' acknowledgements leave
-  the partition (``WriterOptions.early_offsets``, ``reply_backlog``; bench/README.md round 5);
+* ``QIM_WRITER_EARLY_OFFSETS`` (``1``/``0``) -- the offsets' round trips overlap the produce
+  acknowledgements (``WriterOptions.early_offsets``; bench/README.md round 5);
 * ``QIM_WRITER_CRASH_AT`` / ``QIM_WRITER_CRASH_CMID`` -- the crash test hook (``writer_txn``).
 """
 
@@ -51,7 +50,6 @@ from qim.streams.topics import (
 __all__ = [
     "GROUP_ID",
     "LINGER_MS",
-    "REPLY_BACKLOG",
     "WriterOptions",
     "custom_types",
     "describe_topics",
@@ -61,8 +59,6 @@ __all__ = [
 GROUP_ID: Final = "qim-conversation-writers"
 LINGER_MS: Final = 0
 """The default of ``WriterOptions.linger_ms`` (bench/README.md round 4)."""
-REPLY_BACKLOG: Final = 8
-"""The default of ``WriterOptions.reply_backlog`` (bench/README.md round 5)."""
 
 
 def tenant_settings(settings: Settings, raw: str | None) -> dict[str, Settings]:
@@ -116,10 +112,6 @@ class WriterOptions:
     """Request the offsets' AddOffsetsToTxn + TxnOffsetCommit while the produce
     acknowledgements are awaited (they do not depend on them; the commit still waits for every
     send). Off: after the acknowledgements, in series."""
-    reply_backlog: int = REPLY_BACKLOG
-    """Committed transactions of one partition whose replies may still await their broker
-    acknowledgements while its next transaction runs; one more waits (back-pressure from a
-    stuck reply path). 0: the partition waits for its replies' acknowledgements."""
     restore_concurrency: int = 4
     region_id: int = 0
     crash: CrashHook = field(default_factory=CrashHook)
@@ -155,7 +147,6 @@ class WriterOptions:
             linger_ms=int(env.get("QIM_WRITER_LINGER_MS", LINGER_MS)),
             min_batch=int(env.get("QIM_WRITER_MIN_BATCH", "500")),
             early_offsets=env.get("QIM_WRITER_EARLY_OFFSETS", "1") != "0",
-            reply_backlog=int(env.get("QIM_WRITER_REPLY_BACKLOG", REPLY_BACKLOG)),
             region_id=int(env.get("QIM_REGION_ID", "0")),
             crash=CrashHook.from_env(env),
         )
@@ -163,8 +154,6 @@ class WriterOptions:
     def __post_init__(self) -> None:
         if self.linger_ms < 0 or self.min_batch < 1:
             raise ValueError("QIM_WRITER_LINGER_MS must be >= 0 and QIM_WRITER_MIN_BATCH >= 1")
-        if self.reply_backlog < 0:
-            raise ValueError("QIM_WRITER_REPLY_BACKLOG must be >= 0")
 
     @property
     def session_timeout_ms(self) -> int:

@@ -24,8 +24,7 @@ carries the message (``amend:<conversation_id>:<target_seq>`` names a RECALL / E
 ``react:<conversation_id>:<seq>:<user_id>:<reaction_key>`` a REACT).
 Steps: ``decided`` (coordinates allocated, nothing appended), ``appended`` (outbox records
 acknowledged inside the open transaction), ``committed`` (transaction committed and its replies
-acknowledged -- an armed batch waits for them even with a reply backlog -- MessageStore not
-written), ``stored`` (everything done).
+acknowledged, MessageStore not written), ``stored`` (everything done).
 """
 
 from __future__ import annotations
@@ -178,8 +177,6 @@ class OwnedPartition:
         reaction_merge_window_ms: int = 0,
         connection_shard: Callable[[str, str], int] | None = None,
         early_offsets: bool = True,
-        reply_backlog: int = 0,
-        background: set[asyncio.Task[None]] | None = None,
     ) -> None:
         """``reply_producer`` (non-transactional, shared by the process's partitions) sends the
         replies after the commit; without one they ride the transaction (unit tests), and no
@@ -189,8 +186,6 @@ class OwnedPartition:
         sends are enqueued, so their AddOffsetsToTxn + TxnOffsetCommit run while the produce
         acknowledgements are awaited (aiokafka's sender runs one coordinator request at a time
         beside the produce requests, and ``commit_transaction`` still flushes every send first).
-        ``reply_backlog``: how many committed transactions' replies may await their
-        acknowledgements in ``background`` tasks while the partition goes on; 0 waits for them.
         """
         self.writer = writer
         self.metrics = metrics
@@ -212,9 +207,6 @@ class OwnedPartition:
         self.reaction_pushes = 0
         """ReactionPush records handed to the reply producer (the service's status page)."""
         self.early_offsets = early_offsets
-        self._reply_slots = asyncio.Semaphore(reply_backlog) if reply_backlog > 0 else None
-        self.background: set[asyncio.Task[None]] = background if background is not None else set()
-        """The tasks awaiting the acknowledgements of committed replies (``_reply``)."""
 
     @property
     def partition(self) -> int:
@@ -301,8 +293,7 @@ class OwnedPartition:
             self.writer.debt = 0
             self.last_checkpoint = time.monotonic()
         if self.reply_producer is not None:
-            # an armed crash hook's batch waits: the crash table's "committed" has replied
-            await self._reply(plan, wait=armed or self._reply_slots is None)
+            await self._reply(plan)
             now = _monotonic_ms()
             for reaction in plan.reactions:
                 self.reaction_merge.offer(reaction, now)
@@ -342,21 +333,17 @@ class OwnedPartition:
             others.extend(await self._replies(plan, self._produce))
         return outbox, others
 
-    async def _reply(self, plan: Plan, *, wait: bool) -> None:
-        """The replies of a committed batch, enqueued in decision order before returning.
-
-        ``wait``: their acknowledgements too; else a background task awaits them, and at most
-        ``reply_backlog`` such tasks per partition exist (the next waits for a slot, so a stuck
-        reply path holds the partition instead of growing memory). Enqueued under the
-        partition's lock, in commit order, on one idempotent producer: a requester's replies
-        keep their order on its ConnectionShard partition either way.
+    async def _reply(self, plan: Plan) -> None:
+        """The replies of a committed batch, in decision order, acknowledged before returning.
 
         Outside the transaction (issue 13): the transaction then touches the outbox partition,
         the member slices' shards and the offsets, not one ``qim.to-gateway`` partition per
         sender. A reply is sent only after its records are durable, so SEND_ACK still means a
         committed record, and a fenced writer (whose commit failed) never replies. A crash
         between the commit and the replies leaves the client to retry, which ClientDedup
-        answers with the first acknowledgement (spec 8.3).
+        answers with the first acknowledgement (spec 8.3). The partition waits for the
+        acknowledgements: handing them to a background task made its transactions longer, not
+        its cycle shorter (bench/README.md round 5).
         """
         producer = self.reply_producer
 
@@ -367,24 +354,7 @@ class OwnedPartition:
             future.add_done_callback(_retrieve)
             return future
 
-        slots = None if wait else self._reply_slots
-        if slots is not None:
-            await slots.acquire()
-        try:
-            futures = await self._replies(plan, send)
-        except BaseException:
-            if slots is not None:
-                slots.release()
-            raise
-        if slots is None:
-            await self._settle(futures)
-            return
-        task = asyncio.create_task(self._settle(futures), name=f"replies-p{self.partition}")
-        self.background.add(task)
-        task.add_done_callback(self.background.discard)
-        task.add_done_callback(lambda _: slots.release())
-
-    async def _settle(self, futures: Sequence[asyncio.Future[Any]]) -> None:
+        futures = await self._replies(plan, send)
         results = await asyncio.gather(*futures, return_exceptions=True)
         failed = [r for r in results if isinstance(r, BaseException)]
         if failed:  # the records are committed: the client's retry gets the same answer

@@ -254,7 +254,6 @@ def owned(
     lease: bool = True,
     reply_producer: Any = None,
     early_offsets: bool = True,
-    reply_backlog: int = 0,
 ) -> OwnedPartition:
     return OwnedPartition(
         writer,
@@ -268,7 +267,6 @@ def owned(
         crash=crash or CrashHook(),
         reply_producer=reply_producer,
         early_offsets=early_offsets,
-        reply_backlog=reply_backlog,
     )
 
 
