@@ -18,11 +18,13 @@ Lifecycle of a partition:
   transaction as a task while the loop keeps fetching the others; the task resumes the
   partition when done, if the same ``OwnedPartition`` still serves it (a give-up or a revocation
   leaves the resume to the restore). So one transaction at a time per partition, in log order,
-  and no partition waits for another's commit. With ``linger_ms`` (``QIM_WRITER_LINGER_MS``)
-  the first fetch of a resumed partition opens a *gather* instead: the partition keeps
-  fetching, later records join it, and after ``linger_ms`` (or at ``min_batch`` requests) it
-  pauses and runs as one transaction -- fewer transactions at low rates, where each carries
-  one request otherwise (bench/README.md round 4).
+  and no partition waits for another's commit. The request offsets join the transaction
+  while its produce acknowledgements are awaited (``early_offsets``, bench/README.md round 5).
+  With ``linger_ms`` (``QIM_WRITER_LINGER_MS``) the first fetch of a resumed partition opens a
+  *gather* instead: the partition keeps fetching, later records join it, and after
+  ``linger_ms`` (or at ``min_batch`` requests) it pauses and runs as one transaction -- fewer
+  transactions at low rates, where each carries one request otherwise (bench/README.md
+  round 4).
 * a failed transaction -> the state is dropped (it may be ahead of the log) and the partition is
   restored again; after ProducerFenced only once a session timeout passed without the group
   taking the partition away (a fenced member is about to be revoked). The restore starts a new
@@ -462,6 +464,7 @@ class ConversationWriterService(Service):
                 reply_producer=self._replies,
                 reaction_merge_window_ms=opts.settings.reaction_push_merge_window,
                 connection_shard=self._connection_shard,
+                early_offsets=opts.early_offsets,
             )
             tp = TopicPartition(opts.requests_topic, p)
             committed = await consumer.committed(tp)

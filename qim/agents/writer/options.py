@@ -15,6 +15,8 @@ cover is ours and documented on the fields. Environment variables beyond ``QIM_<
 * ``QIM_WRITER_CHECKPOINT_EVERY`` -- outbox records between checkpoints;
 * ``QIM_WRITER_LINGER_MS`` / ``QIM_WRITER_MIN_BATCH`` -- the transaction cut
   (``WriterOptions.linger_ms``, ``min_batch``; measured in ``bench/README.md`` round 4);
+* ``QIM_WRITER_EARLY_OFFSETS`` (``1``/``0``) -- the offsets' round trips overlap the produce
+  acknowledgements (``WriterOptions.early_offsets``; bench/README.md round 5);
 * ``QIM_WRITER_CRASH_AT`` / ``QIM_WRITER_CRASH_CMID`` -- the crash test hook (``writer_txn``).
 """
 
@@ -106,6 +108,10 @@ class WriterOptions:
     while it lingers; a reply still leaves only after its commit, and fencing is unchanged."""
     min_batch: int = 500
     """...or until this many requests are gathered, whichever comes first."""
+    early_offsets: bool = True
+    """Request the offsets' AddOffsetsToTxn + TxnOffsetCommit while the produce
+    acknowledgements are awaited (they do not depend on them; the commit still waits for every
+    send). Off: after the acknowledgements, in series."""
     restore_concurrency: int = 4
     region_id: int = 0
     crash: CrashHook = field(default_factory=CrashHook)
@@ -140,6 +146,7 @@ class WriterOptions:
             checkpoint_every=int(env.get("QIM_WRITER_CHECKPOINT_EVERY", "1000")),
             linger_ms=int(env.get("QIM_WRITER_LINGER_MS", LINGER_MS)),
             min_batch=int(env.get("QIM_WRITER_MIN_BATCH", "500")),
+            early_offsets=env.get("QIM_WRITER_EARLY_OFFSETS", "1") != "0",
             region_id=int(env.get("QIM_REGION_ID", "0")),
             crash=CrashHook.from_env(env),
         )

@@ -23,8 +23,8 @@ restores it from the checkpoint and the outbox.
 carries the message (``amend:<conversation_id>:<target_seq>`` names a RECALL / EDIT instead,
 ``react:<conversation_id>:<seq>:<user_id>:<reaction_key>`` a REACT).
 Steps: ``decided`` (coordinates allocated, nothing appended), ``appended`` (outbox records
-acknowledged inside the open transaction), ``committed`` (transaction committed, MessageStore not
-written), ``stored`` (everything done).
+acknowledged inside the open transaction), ``committed`` (transaction committed and its replies
+acknowledged, MessageStore not written), ``stored`` (everything done).
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ from qim.schemas.records import (
     DIRECT,
     AmendRequest,
     MessageReacted,
-    OutboxRecord,
     PullHistoryRequest,
     PullReactionsRequest,
     ReactRequest,
@@ -177,10 +176,17 @@ class OwnedPartition:
         reply_producer: Any = None,
         reaction_merge_window_ms: int = 0,
         connection_shard: Callable[[str, str], int] | None = None,
+        early_offsets: bool = True,
     ) -> None:
         """``reply_producer`` (non-transactional, shared by the process's partitions) sends the
         replies after the commit; without one they ride the transaction (unit tests), and no
-        REACTION_UPDATE is pushed. ``connection_shard(tenant, user)`` addresses the pushes."""
+        REACTION_UPDATE is pushed. ``connection_shard(tenant, user)`` addresses the pushes.
+
+        ``early_offsets``: the request offsets are handed to the transaction right after the
+        sends are enqueued, so their AddOffsetsToTxn + TxnOffsetCommit run while the produce
+        acknowledgements are awaited (aiokafka's sender runs one coordinator request at a time
+        beside the produce requests, and ``commit_transaction`` still flushes every send first).
+        """
         self.writer = writer
         self.metrics = metrics
         self.producer = producer
@@ -200,6 +206,7 @@ class OwnedPartition:
         self._connection_shard = connection_shard
         self.reaction_pushes = 0
         """ReactionPush records handed to the reply producer (the service's status page)."""
+        self.early_offsets = early_offsets
 
     @property
     def partition(self) -> int:
@@ -247,17 +254,29 @@ class OwnedPartition:
         self.crash("decided", armed)
         producer, topics, p = self.producer, self.topics, self.partition
         started = time.perf_counter()
+        offsets = {self._tp: OffsetAndMetadata(next_offset, "")}
         await producer.begin_transaction()
         try:
-            appended = await self._send(plan, replies=self.reply_producer is None)
+            outbox, others = await self._enqueue(plan, replies=self.reply_producer is None)
+            sent_offsets: asyncio.Future[None] | None = None
+            if self.early_offsets:  # the offsets do not depend on the acknowledgements
+                sent_offsets = asyncio.ensure_future(
+                    producer.send_offsets_to_transaction(offsets, self.group_id)
+                )
+                sent_offsets.add_done_callback(_retrieve)  # a failed send is what raises
+            metadata = await asyncio.gather(*outbox)
+            await asyncio.gather(*others)
+            appended = [(r, m.offset) for r, m in zip(plan.outbox, metadata, strict=True)]
             self.crash("appended", armed)
             checkpointed = self._checkpoint_due()
             if checkpointed:
                 covers = appended[-1][1] if appended else self.writer.applied_offset
                 for key, value in checkpoint_records(self.writer.checkpoint(covers)):
                     await self._produce(topics.snapshots, value, key, p)
-            offsets = {self._tp: OffsetAndMetadata(next_offset, "")}
-            await producer.send_offsets_to_transaction(offsets, self.group_id)
+            if sent_offsets is None:
+                await producer.send_offsets_to_transaction(offsets, self.group_id)
+            else:
+                await sent_offsets
             if not self.lease_valid():
                 raise SelfFencedError("lease lapsed before the commit")
             await producer.commit_transaction()
@@ -284,8 +303,11 @@ class OwnedPartition:
         self.writer.stored(appended)
         self.crash("stored", armed)
 
-    async def _send(self, plan: Plan, *, replies: bool) -> list[tuple[OutboxRecord, int]]:
-        """Produce the plan in decision order; returns the outbox records with their offsets.
+    async def _enqueue(
+        self, plan: Plan, *, replies: bool
+    ) -> tuple[list[asyncio.Future[Any]], list[asyncio.Future[Any]]]:
+        """Produce the plan in decision order; returns the outbox records' acknowledgements
+        and the others'.
 
         ``replies``: the replies ride the transaction too (only without a reply producer)."""
         topics, p = self.topics, self.partition
@@ -309,9 +331,7 @@ class OwnedPartition:
         ]
         if replies:
             others.extend(await self._replies(plan, self._produce))
-        metadata = await asyncio.gather(*outbox)
-        await asyncio.gather(*others)
-        return [(r, m.offset) for r, m in zip(plan.outbox, metadata, strict=True)]
+        return outbox, others
 
     async def _reply(self, plan: Plan) -> None:
         """The replies of a committed batch, in decision order, acknowledged before returning.
@@ -321,7 +341,9 @@ class OwnedPartition:
         sender. A reply is sent only after its records are durable, so SEND_ACK still means a
         committed record, and a fenced writer (whose commit failed) never replies. A crash
         between the commit and the replies leaves the client to retry, which ClientDedup
-        answers with the first acknowledgement (spec 8.3).
+        answers with the first acknowledgement (spec 8.3). The partition waits for the
+        acknowledgements: handing them to a background task made its transactions longer, not
+        its cycle shorter (bench/README.md round 5).
         """
         producer = self.reply_producer
 

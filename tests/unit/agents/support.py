@@ -252,6 +252,8 @@ def owned(
     checkpoint_every: int = 1000,
     crash: CrashHook | None = None,
     lease: bool = True,
+    reply_producer: Any = None,
+    early_offsets: bool = True,
 ) -> OwnedPartition:
     return OwnedPartition(
         writer,
@@ -263,6 +265,8 @@ def owned(
         checkpoint_interval_s=3600,
         lease_valid=lambda: lease,
         crash=crash or CrashHook(),
+        reply_producer=reply_producer,
+        early_offsets=early_offsets,
     )
 
 
