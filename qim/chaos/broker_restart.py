@@ -33,12 +33,10 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from qim.bench.accounting import payload_for
-from qim.bench.procstats import read_sample
 from qim.bench.target import Target
-from qim.chaos.faults import BrokerRestart
+from qim.chaos.faults import BrokerRestart, gateway_pid, rss_bytes
 from qim.chaos.load import Accounting, Sender, check_delivery, steady_load
 from qim.client import Identity
-from qim.devstack import procs
 from qim.devstack.stack import Stack
 from qim.schemas.records.requests import conversation_partition
 
@@ -114,13 +112,6 @@ def _replacement_lines(paths: dict[str, Path], since: dict[str, int]) -> dict[st
     return out
 
 
-def _gateway_rss(stack: Stack) -> int | None:
-    g = stack.cfg.gateways[0]
-    pid = procs.read_pid(stack.cfg.base_dir / "gateways" / g.name / "gateway.pid")
-    sample = None if pid is None else read_sample(pid)
-    return None if sample is None else sample.rss_bytes
-
-
 def _delta(after: dict[str, float], before: dict[str, float]) -> dict[str, float]:
     keys = sorted(set(after) | set(before))
     return {k: after.get(k, 0.0) - before.get(k, 0.0) for k in keys if after.get(k, 0.0)}
@@ -154,7 +145,7 @@ async def run_broker_restart(
         await sender.connect()
     counters_before = replacement_counters(metrics)
     log_sizes = _log_sizes(logs)
-    rss_before = _gateway_rss(stack)
+    rss_before = rss_bytes(gateway_pid(stack))
 
     accounting = Accounting()
     stop = asyncio.Event()
@@ -214,7 +205,7 @@ async def run_broker_restart(
 
     replaced = _delta(replacement_counters(metrics), counters_before)
     lines = _replacement_lines(logs, log_sizes)
-    rss_after = _gateway_rss(stack)
+    rss_after = rss_bytes(gateway_pid(stack))
     ok = serving == partitions and delivery["lost"] == 0
     return {
         "scenario": "chaos-broker-restart",

@@ -87,6 +87,14 @@ def _soak_lines(report: dict[str, Any]) -> list[str]:
     ]
 
 
+def _finish(out: Path, report: dict[str, Any]) -> None:
+    """Every command's end: write the report, print it, exit 1 unless it is ok."""
+    json_path, md_path = write_report(out, report)
+    click.echo(md_path.read_text())
+    click.echo(f"wrote {json_path} and {md_path}")
+    sys.exit(0 if report["ok"] else 1)
+
+
 def write_report(out_dir: Path, report: dict[str, Any]) -> tuple[Path, Path]:
     """The report as JSON (everything) and markdown (headline, then the scenario's tables)."""
     when = stamp()
@@ -190,10 +198,7 @@ def broker_restart(
         probe_budget_s=probe_budget_s,
     )
     report = asyncio.run(run_broker_restart(stack, params, progress=click.echo))
-    json_path, md_path = write_report(out, report)
-    click.echo(md_path.read_text())
-    click.echo(f"wrote {json_path} and {md_path}")
-    sys.exit(0 if report["ok"] else 1)
+    _finish(out, report)
 
 
 @contextmanager
@@ -317,10 +322,7 @@ def run(
             )
     else:
         report = asyncio.run(run_soak(stack, params, progress=click.echo))
-    json_path, md_path = write_report(out, report)
-    click.echo(md_path.read_text())
-    click.echo(f"wrote {json_path} and {md_path}")
-    sys.exit(0 if report["ok"] else 1)
+    _finish(out, report)
 
 
 @chaos.command("fuzz")
@@ -340,7 +342,4 @@ def fuzz(obj: tuple[Stack, Path], frames: int, connections: int, seed: int, priv
             report = asyncio.run(run_fuzz(own, params, progress=click.echo))
     else:
         report = asyncio.run(run_fuzz(stack, params, progress=click.echo))
-    json_path, md_path = write_report(out, report)
-    click.echo(md_path.read_text())
-    click.echo(f"wrote {json_path} and {md_path}")
-    sys.exit(0 if report["ok"] else 1)
+    _finish(out, report)

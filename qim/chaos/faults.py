@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from qim.bench.procstats import read_sample
 from qim.devstack import kafka, procs, redis
 from qim.devstack.stack import Stack
 
@@ -25,8 +26,10 @@ __all__ = [
     "ProcessKill",
     "ProcessPause",
     "RedisRestart",
+    "gateway_pid",
     "pid_file_of",
     "process_names",
+    "rss_bytes",
 ]
 
 
@@ -107,6 +110,16 @@ async def _restart(stack: Stack, process: str) -> None:
             await asyncio.to_thread(stack.start_gateway, g, timeout_s=120.0)
             return
     raise KeyError(f"no process {process!r} in this stack")
+
+
+def gateway_pid(stack: Stack) -> int | None:
+    """The first gateway's pid while it runs (what the RSS bounds of a run are measured on)."""
+    return procs.read_pid(pid_file_of(stack, stack.cfg.gateways[0].name))
+
+
+def rss_bytes(pid: int | None) -> int | None:
+    sample = None if pid is None else read_sample(pid)
+    return None if sample is None else sample.rss_bytes
 
 
 def _live_pid(stack: Stack, process: str) -> int:

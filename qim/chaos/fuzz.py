@@ -34,8 +34,8 @@ from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from qim.bench.loadgen import new_client
-from qim.bench.procstats import read_sample
 from qim.bench.target import Target
+from qim.chaos.faults import gateway_pid, rss_bytes
 from qim.client import login_and_sync
 from qim.devstack import procs
 from qim.devstack.stack import Stack
@@ -364,23 +364,13 @@ async def _observer(
         result.update(pings=pings, sends=sends, failures=dict(failures), worst_s=round(worst, 3))
 
 
-def _gateway_pid(stack: Stack) -> int | None:
-    g = stack.cfg.gateways[0]
-    return procs.read_pid(stack.cfg.base_dir / "gateways" / g.name / "gateway.pid")
-
-
-def _rss(pid: int | None) -> int | None:
-    sample = None if pid is None else read_sample(pid)
-    return None if sample is None else sample.rss_bytes
-
-
 async def run_fuzz(
     stack: Stack, params: FuzzParams, *, progress: Callable[[str], None] = print
 ) -> dict[str, Any]:
     """The run of the module docstring against ``stack``'s first gateway."""
     target = Target.from_stack(stack.cfg)
-    pid = _gateway_pid(stack)
-    rss_before = _rss(pid)
+    pid = gateway_pid(stack)
+    rss_before = rss_bytes(pid)
     tally = _Tally(Counter(), Counter(), Counter())
     stop = asyncio.Event()
     observed: dict[str, Any] = {}
@@ -394,7 +384,7 @@ async def run_fuzz(
     async def watch() -> None:
         nonlocal peak
         while not stop.is_set():
-            peak = max(peak, _rss(pid) or 0)
+            peak = max(peak, rss_bytes(pid) or 0)
             total = sum(tally.sent.values())
             replies = sum(tally.replies.values())
             progress(
@@ -414,7 +404,7 @@ async def run_fuzz(
         stop.set()
         await asyncio.gather(observer, watcher, return_exceptions=True)
     await asyncio.sleep(5.0)  # the closed connections' buffers go back
-    rss_after = _rss(pid)
+    rss_after = rss_bytes(pid)
     alive = pid is not None and procs.pid_alive(pid)
     grew = None if rss_after is None or rss_before is None else rss_after - rss_before
     ok = (

@@ -248,6 +248,14 @@ class Accounting:
         }
 
 
+async def _pace(began: float, interval_s: float, stop: asyncio.Event) -> None:
+    """A lane's rest until ``interval_s`` after ``began``, cut short by ``stop``."""
+    rest = interval_s - (clock() - began)
+    if rest > 0:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), rest)
+
+
 async def steady_load(
     senders: Sequence[Sender],
     peers: Sequence[str],
@@ -272,10 +280,7 @@ async def steady_load(
             began = clock()
             outcome = await sender.send(peer, cmid, payload_for(cmid, payload_bytes), budget_s)
             accounting.record(cmid, peer, outcome)
-            rest = interval_s - (clock() - began)
-            if rest > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(stop.wait(), rest)
+            await _pace(began, interval_s, stop)
 
     tasks = [
         lane(i * lanes_per_sender + j, sender)
@@ -312,10 +317,7 @@ async def group_load(
         accounting.record_group(cmid, group, members, outcome)
         if recall_every and outcome.acked and n % recall_every == 0:
             await _recall(sender, group, cmid, outcome.conversation_seq, accounting)
-        rest = interval_s - (clock() - began)
-        if rest > 0:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.wait(), rest)
+        await _pace(began, interval_s, stop)
 
 
 async def _recall(sender: Sender, group: str, cmid: str, seq: int, accounting: Accounting) -> None:

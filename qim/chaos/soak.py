@@ -49,6 +49,7 @@ from qim.chaos.faults import (
     ProcessKill,
     ProcessPause,
     RedisRestart,
+    process_names,
 )
 from qim.chaos.load import Accounting, Sender, check_delivery, group_load, steady_load
 from qim.client import login_and_sync
@@ -240,7 +241,7 @@ async def run_soak(
     tag = "soak" + time.strftime("%H%M%S")
     users = [f"{tag}s{i}" for i in range(params.senders)]
     peers = [f"{tag}r{i}" for i in range(params.peers)]
-    processes = [w.name for w in cfg.workers] + [g.name for g in cfg.gateways]
+    processes = process_names(stack)
     pausable = [w.name for w in cfg.workers if w.module in _KIND_OF_MODULE]
     plan = plan_faults(params, processes, pausable, disk_limited)
     progress(
