@@ -213,6 +213,10 @@ class StackConfig:
     gateways: tuple[GatewaySpec, ...] = (GatewaySpec(),)
     admins: tuple[AdminSpec, ...] = (AdminSpec(),)
     push_standins: PushStandinSpec = PushStandinSpec()
+    mailbox_checkpoints: bool = True
+    """Ship MailboxShard checkpoints to ``<base_dir>/mailbox-checkpoints`` (19.3; the local
+    stand-in for object storage). Test stacks leave it off: their tests start and wipe
+    mailbox workers of their own, and the checkpoint tests set it per worker."""
 
     @property
     def kafka(self) -> kafka.KafkaConfig:
@@ -247,6 +251,11 @@ class StackConfig:
             # the NotificationService's token sealing keys and its providers -> the stand-ins
             "QIM_PUSH_TOKEN_KEYS_FILE": str(self.base_dir / "push-token-keys"),
             **self.push_env(),
+            **(
+                {"QIM_MAILBOX_CHECKPOINT_DIR": str(self.base_dir / "mailbox-checkpoints")}
+                if self.mailbox_checkpoints
+                else {}
+            ),
         }
 
     def push_env(self) -> dict[str, str]:
@@ -271,6 +280,7 @@ class StackConfig:
         return replace(
             self,
             base_dir=base_dir,
+            mailbox_checkpoints=False,
             # the parameters' defaults: the suite's in-process components load the same ones
             partition_counts=default_partition_counts(),
             kafka_port=procs.free_port(),

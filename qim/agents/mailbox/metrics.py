@@ -180,7 +180,31 @@ class MailboxMetrics:
         self._reconcile_diff = Counter(
             "presence_reconcile_diff", "keys a presence reconcile corrected", registry=r
         )
+        self._checkpoints = Counter(
+            "qim_mailbox_checkpoints_total", "shard checkpoints by outcome (19.3)", ["outcome"],
+            registry=r,
+        )  # fmt: skip
+        self._checkpoint_seconds = Histogram(
+            "qim_mailbox_checkpoint_seconds", "one shard checkpoint, taken and shipped",
+            registry=r, buckets=_LAG_BUCKETS,
+        )  # fmt: skip
+        self._checkpoint_bytes = Gauge(
+            "checkpoint_bytes", "bytes of the newest shipped shard checkpoint (B.7)", registry=r
+        )
         r.register(_Lanes(shards))
+
+    def on_checkpoint(self, outcome: str, seconds: float, size: int) -> None:
+        """One checkpoint attempt: ``shipped`` (with its time and size) or ``failed``."""
+        self._checkpoints.labels(outcome=outcome).inc()
+        self._add(f"checkpoints_{outcome}")
+        if outcome == "shipped":
+            self._checkpoint_seconds.observe(seconds)
+            self._checkpoint_bytes.set(size)
+
+    def on_restore(self) -> None:
+        """A takeover restored a shipped checkpoint onto an empty disk."""
+        self._checkpoints.labels(outcome="restored").inc()
+        self._add("checkpoints_restored")
 
     def _add(self, name: str, amount: int = 1) -> None:
         self.totals[name] += amount

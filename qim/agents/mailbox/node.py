@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import shutil
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -72,6 +73,8 @@ from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
 from qim.streams.producer import RecoveringProducer, replaced_counter
 from qim.streams.topics import DEVICE_TOKEN_DIGEST, PUSH_TASKS
+from qim.tables.mailbox_checkpoint import create_checkpoint, ship_checkpoint
+from qim.tables.mailbox_store import MailboxStore
 
 __all__ = ["MailboxNodeService"]
 
@@ -249,6 +252,56 @@ class MailboxNodeService(Service):
                     if shard is not None and shard.serving:
                         result = shard.sweep(int(time.time() * 1000))
                         self.metrics.on_sweep(result.metrics)
+
+    @Service.task
+    async def _checkpointer(self) -> None:
+        """19.3: every ``checkpoint_interval``, each serving shard that folded something since
+        its last checkpoint is checkpointed between two WriteBatches (under the lock: hard links
+        on the store's disk) and shipped to ``checkpoint_dir`` outside it (a thread)."""
+        root = self.options.checkpoint_dir
+        if root is None:
+            return
+        while not self.should_stop:
+            await self.sleep(self.options.checkpoint_interval_s)
+            if self.should_stop:  # the sleep ends early on stop; a shutdown ships nothing
+                return
+            for p in sorted(self.owned):
+                try:
+                    await self.checkpoint(p)
+                except Exception:
+                    self.metrics.on_checkpoint("failed", 0.0, 0)
+                    log.exception("shard %d: checkpoint failed; retried next interval", p)
+
+    async def checkpoint(self, p: int) -> bool:
+        """Checkpoint and ship shard ``p`` now if it changed; False when there was nothing."""
+        root = self.options.checkpoint_dir
+        if root is None:
+            return False
+        started = time.monotonic()
+        staging = self.options.checkpoint_staging(p)
+        async with self._lock:
+            shard = self.owned.get(p)
+            if shard is None or not shard.serving or not isinstance(shard.store, MailboxStore):
+                return False
+            seq = shard.applied_seq
+            restored = shard.restored_checkpoint_s is not None and seq == shard.restored_from
+            if seq == 0 or seq == shard.checkpointed_seq or restored:
+                return False
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+            create_checkpoint(shard.store, staging)
+        shipped = await asyncio.to_thread(
+            ship_checkpoint,
+            staging,
+            root,
+            shard=p,
+            checkpoint_id=seq,
+            shard_epoch=self.options.shard_epoch,
+            keep=self.options.checkpoint_keep,
+        )
+        if self.owned.get(p) is shard:
+            shard.checkpointed_seq = seq
+        self.metrics.on_checkpoint("shipped", time.monotonic() - started, shipped.bytes)
+        return True
 
     @Service.task
     async def _reconciler(self) -> None:
@@ -522,6 +575,7 @@ class MailboxNodeService(Service):
                 consumer=consumer,
                 admin=admin,
                 dormant=self._dormant,
+                on_restore=lambda _p, _s: self.metrics.on_restore(),
             )
             self.quota.request(self.owned)  # I-26: heal a crossing lost by the previous owner
             presence = sorted(tp for tp in assigned if tp.topic == self.options.presence_topic)

@@ -15,6 +15,10 @@ documented on the fields. Environment variables beyond ``QIM_<PARAM>``:
 * ``QIM_MAILBOX_RECONCILE_INTERVAL_S`` -- how often each owned shard's presence cache is
   reconciled against a full read of its compacted partition (default 60, spec 5.4.3 (2); 0: off);
 * ``QIM_MAILBOX_MAX_RECORDS`` -- records per fetch and per materialize call (default 500);
+* ``QIM_MAILBOX_CHECKPOINT_DIR`` -- where shard checkpoints are shipped (19.3.1's object
+  storage: a directory every MailboxNode mounts); unset: no checkpoints, a takeover on an empty
+  disk replays the whole dispatch partition. Interval: Appendix B ``checkpoint_interval``;
+* ``QIM_MAILBOX_CHECKPOINT_KEEP`` -- checkpoints kept per shard (default 2);
 * ``QIM_MAILBOX_TOMBSTONE_PROBE`` -- ``0`` stops measuring ``tombstones_scanned`` per request
   (default ``1``; reading RocksDB's statistics costs ~0.3 ms twice per request);
 * ``QIM_MAILBOX_CRASH_AT`` / ``_CRASH_SHARD`` / ``_CRASH_OFFSET`` -- the crash test hook.
@@ -159,6 +163,9 @@ class MailboxOptions:
     """Presence reconcile period (5.4.3 (2)); 0 turns it off."""
     tombstone_probe: bool = True
     """Measure ``tombstones_scanned`` for every request (the 26.0 observation point)."""
+    checkpoint_dir: Path | None = None
+    """Shipped checkpoints (:mod:`qim.tables.mailbox_checkpoint`); None: none taken."""
+    checkpoint_keep: int = 2
 
     def __post_init__(self) -> None:
         if not FIRST_SHARD_EPOCH <= self.shard_epoch <= MAX_EPOCH:
@@ -187,6 +194,8 @@ class MailboxOptions:
             sweep_interval_s=float(env.get("QIM_MAILBOX_SWEEP_INTERVAL_S", "60")),
             reconcile_interval_s=float(env.get("QIM_MAILBOX_RECONCILE_INTERVAL_S", "60")),
             tombstone_probe=env.get("QIM_MAILBOX_TOMBSTONE_PROBE", "1") != "0",
+            checkpoint_dir=Path(ckpt) if (ckpt := env.get("QIM_MAILBOX_CHECKPOINT_DIR")) else None,
+            checkpoint_keep=int(env.get("QIM_MAILBOX_CHECKPOINT_KEEP", "2")),
             crash=CrashHook.from_env(env),
         )
 
@@ -242,6 +251,15 @@ class MailboxOptions:
         return AIOKafkaProducer(
             bootstrap_servers=self.bootstrap, acks="all", linger_ms=2, client_id=self.client_id
         )
+
+    @property
+    def checkpoint_interval_s(self) -> float:
+        """Appendix B.5.3 ``checkpoint_interval`` (ms) in seconds."""
+        return self.settings.checkpoint_interval / 1000.0
+
+    def checkpoint_staging(self, shard: int) -> Path:
+        """The local checkpoint (hard links on the store's filesystem) before it is shipped."""
+        return self.datadir / "mailbox-checkpoints" / f"shard-{shard}"
 
     def store_path(self, shard: int) -> Path:
         """One RocksDB per owned MailboxShard under the worker's datadir."""

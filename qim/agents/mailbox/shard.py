@@ -137,6 +137,12 @@ class OwnedShard:
         self.advanced_at = [now] * config.lane_count
         self.advance = LaneAdvanceClock()
         """Arrival times for ``lane_watermark_advance`` (metrics only, never stored)."""
+        self.restored_checkpoint_s: float | None = None
+        """Seconds the takeover spent restoring a shipped checkpoint (None: none restored)."""
+        self.restored_from = self.applied_seq
+        """``applied_seq`` when the store was opened: a restored checkpoint's id."""
+        self.checkpointed_seq: int | None = None
+        """``applied_seq`` of the last checkpoint this node shipped."""
 
     # -- takeover ------------------------------------------------------------------------------
 
@@ -237,4 +243,15 @@ class OwnedShard:
             "lanes_refused": len(self.refused()),
             "pending_dispatches": self.pending,
             "log_now_ms": self.log_now_ms,
+            "restored_checkpoint_s": self.restored_checkpoint_s,
+            "restored_checkpoint_offset": (
+                split_mailbox_seq(self.restored_from)[1]
+                if self.restored_checkpoint_s is not None
+                else None
+            ),
+            "checkpoint_offset": (
+                None
+                if self.checkpointed_seq is None
+                else split_mailbox_seq(self.checkpointed_seq)[1]
+            ),
         }

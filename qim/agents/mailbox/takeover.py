@@ -15,6 +15,12 @@ previous generation, and a seek per partition (:func:`take_over`).
 * presence partition s -> left to the caller (``qim.agents.mailbox.presence.rewind``): the
   cache is rebuilt from the beginning of the compacted partition on every assignment.
 
+A shard with no local store and a shipped checkpoint (``MailboxOptions.checkpoint_dir``, spec
+19.3, 26.6.3) first gets that checkpoint copied in (:func:`restore_shard`, in a thread); its
+``W[]`` then makes the seek replay only the log's tail. A checkpoint is the store of the same
+shard, so everything above applies to it unchanged: its log identity must match, its floor is
+its own ``W_floor``.
+
 A store that cannot be opened leaves its partition paused: its lanes answer SHARD_MOVED. So
 does a store bound to another dispatch log (spec 17.2, :func:`bind_identity`): its ``W[]`` and
 entries count offsets of the log it was folded from, and a recreated topic, another cluster or
@@ -23,8 +29,11 @@ a changed partition count would silently re-number them.
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from collections.abc import Callable, MutableMapping
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -35,9 +44,10 @@ from qim.agents.mailbox.options import MailboxOptions
 from qim.agents.mailbox.shard import OwnedShard
 from qim.schemas.log_identity import LogIdentity, LogIdentityMismatch, identity_mismatch
 from qim.streams.identity import fetch_log_identity
+from qim.tables.mailbox_checkpoint import latest_checkpoint, restore_checkpoint
 from qim.tables.mailbox_store import MailboxStore
 
-__all__ = ["IDENTITY_KEY", "bind_identity", "open_shard", "take_over"]
+__all__ = ["IDENTITY_KEY", "bind_identity", "open_shard", "restore_shard", "take_over"]
 
 IDENTITY_KEY = b"\x00log-identity"
 """The dispatch log a shard store was folded from; outside the core's one-letter keyspaces and
@@ -73,6 +83,32 @@ def open_shard(options: MailboxOptions, shard: int) -> OwnedShard:
         raise
 
 
+def _store_absent(path: Path) -> bool:
+    return not path.exists() or not any(path.iterdir())
+
+
+def restore_shard(options: MailboxOptions, shard: int) -> float | None:
+    """Copy shard ``shard``'s newest shipped checkpoint into its empty store path; returns
+    the seconds it took, or None when there is nothing to restore (a local store exists, no
+    checkpoint directory is configured, or it holds none of this shard at this epoch)."""
+    root = options.checkpoint_dir
+    path = options.store_path(shard)
+    if root is None or not _store_absent(path):
+        return None
+    checkpoint = latest_checkpoint(root, shard)
+    if checkpoint is None or checkpoint.shard_epoch != options.shard_epoch:
+        return None
+    started = time.monotonic()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    restore_checkpoint(checkpoint, path)
+    elapsed = time.monotonic() - started
+    log.info(
+        "shard %d: restored checkpoint %d (%d files, %d bytes) in %.3f s",
+        shard, checkpoint.checkpoint_id, checkpoint.files, checkpoint.bytes, elapsed,
+    )  # fmt: skip
+    return elapsed
+
+
 async def take_over(
     assigned: set[TopicPartition],
     *,
@@ -81,6 +117,7 @@ async def take_over(
     admin: AIOKafkaAdminClient,
     dormant: MutableMapping[int, OwnedShard],
     opener: Callable[[int], OwnedShard] | None = None,
+    on_restore: Callable[[int, float], None] | None = None,
 ) -> dict[int, OwnedShard]:
     """Seek every assigned partition; returns the shards now owned (see the module doc).
 
@@ -93,6 +130,17 @@ async def take_over(
     shards = {tp.partition for tp in dispatch}
     for p in [p for p in dormant if p not in shards]:
         dormant.pop(p).close()
+    restored: dict[int, float] = {}
+    for p in sorted(shards - set(dormant)):
+        try:
+            elapsed = await asyncio.to_thread(restore_shard, options, p)
+        except Exception:
+            log.exception("shard %d: checkpoint restore failed; replaying the log instead", p)
+            elapsed = None
+        if elapsed is not None:
+            restored[p] = elapsed
+            if on_restore is not None:
+                on_restore(p, elapsed)
     committed = await admin.list_consumer_group_offsets(
         options.group_id, partitions=sorted(assigned)
     )
@@ -115,6 +163,8 @@ async def take_over(
                 consumer.pause(tp)
                 continue
         offset = _seek_dispatch(consumer, tp, shard, committed.get(tp), ends[tp])
+        if p in restored:
+            shard.restored_checkpoint_s = restored[p]
         owned[p] = shard
         log.info(
             "shard %d: resume at %d (committed %s, end %d), %d lanes below the floor",
