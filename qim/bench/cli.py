@@ -1,4 +1,4 @@
-"""``qim bench quick|full|send|fanout|login|connections|rooms|kafka-baseline|checkpoint``.
+"""``qim bench quick|full|send|fanout|login|connections|rooms|presence|kafka-baseline|checkpoint``.
 
 Targets the local stack of ``qim up`` by default (``--run-dir`` for another stack folder,
 ``--url`` for another gateway). Each scenario writes ``<out>/<scenario>-<UTC>.json`` and a
@@ -24,6 +24,7 @@ from qim.bench.scenarios.checkpoint import CheckpointParams, run_checkpoint
 from qim.bench.scenarios.connections import ConnectionsParams, run_connections
 from qim.bench.scenarios.fanout import FanoutParams, run_fanout
 from qim.bench.scenarios.login import LoginParams, run_login
+from qim.bench.scenarios.presence import PresenceParams, run_presence
 from qim.bench.scenarios.reactions import ReactionsParams, run_reactions
 from qim.bench.scenarios.rooms import RoomsParams, run_rooms
 from qim.bench.scenarios.send import SendParams, run_send
@@ -44,6 +45,7 @@ class Preset:
     connections: ConnectionsParams
     baseline: tuple[BaselineSpec, ...]
     reactions: ReactionsParams
+    presence: PresenceParams
 
 
 QUICK = Preset(
@@ -53,6 +55,7 @@ QUICK = Preset(
     connections=ConnectionsParams(counts=(150,), hold_s=15.0),
     baseline=(BaselineSpec(count=5000, rate=None), BaselineSpec(count=1000, rate=100.0)),
     reactions=ReactionsParams(size=500, reactions=60),  # 100 online
+    presence=PresenceParams(pairs=10, cycles=3),
 )
 FULL = Preset(
     send=SendParams(pairs=100, rates=tuple(sweep(50.0, 3200.0, 7)), duration_s=30.0),
@@ -61,6 +64,7 @@ FULL = Preset(
     connections=ConnectionsParams(counts=(150, 1000), hold_s=60.0),
     baseline=(BaselineSpec(count=100_000, rate=None), BaselineSpec(count=30_000, rate=1000.0)),
     reactions=ReactionsParams(size=1000, reactions=200),  # 200 online, one REACT each
+    presence=PresenceParams(pairs=50, cycles=10),
 )
 
 
@@ -106,6 +110,7 @@ def _preset(ctx: Ctx, preset: Preset) -> None:
     _run(ctx, lambda t: run_send(t, preset.send))
     _run(ctx, lambda t: run_fanout(t, preset.fanout))
     _run(ctx, lambda t: run_reactions(t, preset.reactions))
+    _run(ctx, lambda t: run_presence(t, preset.presence))
     _run(ctx, lambda t: run_login(t, preset.login))
     _run(ctx, lambda t: run_connections(t, preset.connections))
 
@@ -203,6 +208,33 @@ def reactions(
         tenant=tenant,
     )
     _run(ctx, lambda t: run_reactions(t, params))
+
+
+@bench.command()
+@click.option("--pairs", type=click.IntRange(min=1), default=20, show_default=True)
+@click.option("--cycles", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option(
+    "--gap",
+    type=float,
+    default=2.5,
+    show_default=True,
+    help="Seconds between a pair's changes; keep it above presence_sub_merge_window (2 s).",
+)
+@click.option(
+    "--target-ms",
+    type=float,
+    default=1000.0,
+    show_default=True,
+    help="presence_propagation_target (P99).",
+)
+@click.option("--tenant", default="bench", show_default=True)
+@click.pass_obj
+def presence(ctx: Ctx, pairs: int, cycles: int, gap: float, target_ms: float, tenant: str) -> None:
+    """Login / logout of a watched user -> the watcher's PRESENCE_SUB: p99 against the target."""
+    params = PresenceParams(
+        pairs=pairs, cycles=cycles, gap_s=gap, target_ms=target_ms, tenant=tenant
+    )
+    _run(ctx, lambda t: run_presence(t, params))
 
 
 @bench.command()

@@ -115,9 +115,11 @@ class FrameCalls:
 
         The server applies the type's declared contract (unread, ordering, timeline) and never
         reads ``payload``. An ``anchor_target`` type names the row it updates with
-        ``target_conversation_seq`` (sent as ``reply_to_conversation_seq``). An undeclared or
-        ephemeral type raises ``QimError(PERMISSION_DENIED)``, an oversize payload
-        ``QimError(PAYLOAD_TOO_LARGE)``.
+        ``target_conversation_seq`` (sent as ``reply_to_conversation_seq``). An undeclared
+        type raises ``QimError(PERMISSION_DENIED)``, an oversize payload
+        ``QimError(PAYLOAD_TOO_LARGE)``. An ``ephemeral`` type is relayed to the members'
+        online devices only (the sender's other devices included) as a PUSH_EVENTS entry with
+        ``mailbox_seq`` 0 and is never stored: its SEND_ACK has ``conversation_seq`` 0.
         """
         return await self.send_message(
             conversation_id,

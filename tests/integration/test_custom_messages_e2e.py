@@ -5,7 +5,8 @@ in-process syncing ConnectionNode, SDK clients over WebSocket. s0 sends dana, in
 one-to-one conversation, a text, a ``counts_unread=false`` type, a ``timeline_visible=false``
 type and a closing text; the closing text's row is the positive barrier before any "did not
 count" / "is not shown" check. The refusals (undeclared type, oversize payload, a CONTROL
-``message_type``, an ephemeral type) are ERROR frames answering their own request.
+``message_type``) are ERROR frames answering their own request; an ephemeral type is acked
+with no seq (its transient path: ``test_realtime_ephemeral``).
 """
 
 from __future__ import annotations
@@ -154,10 +155,9 @@ async def test_custom_types_follow_their_contract_and_bad_ones_are_refused(
                     peer_user_id=ME,
                 )
             assert control.value.code == ErrorCode.PERMISSION_DENIED
-            with pytest.raises(QimError) as ephemeral:
-                await s0.client.send_custom(direct, "live.cursor", b"x", peer_user_id=ME)
-            assert ephemeral.value.code == ErrorCode.PERMISSION_DENIED
-            assert "transient" in ephemeral.value.detail
+            # an ephemeral type takes the transient path: acked, but it takes no seq
+            ephemeral = await s0.client.send_custom(direct, "live.cursor", b"x", peer_user_id=ME)
+            assert ephemeral.conversation_seq == 0 and ephemeral.message_id != bytes(16)
             # none of them was committed: the next message takes the very next seq
             after = await s0.client.send_message(direct, b"after", peer_user_id=ME)
             assert after.conversation_seq == last.conversation_seq + 1

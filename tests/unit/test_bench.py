@@ -13,9 +13,12 @@ from qim.bench.accounting import Deliveries, Ledger, cmid_of_payload, payload_fo
 from qim.bench.histogram import Samples, percentile
 from qim.bench.procstats import parse_stat_cpu_ticks, parse_status_rss
 from qim.bench.report import Column, Result, cell, lookup, markdown_table, write_result
+from qim.bench.scenarios.presence import _Watch, meets_target
+from qim.bench.scenarios.presence import clock as presence_clock
 from qim.bench.scenarios.send import meets_slo, ratios
 from qim.bench.schedule import run_open_loop, sweep, timetable
 from qim.bench.speedscope import summarize
+from qim.schemas.frames.control import PresenceEntry, PresenceSubDown
 
 
 def test_percentiles_are_nearest_rank_on_the_recorded_samples() -> None:
@@ -232,3 +235,40 @@ def test_reactions_bench_counts_the_most_frames_any_merge_window_held() -> None:
     assert max_in_window([0.0, 2.0, 4.0], 2.0) == 1  # half-open: one per window
     assert max_in_window([5.0, 0.0, 1.9, 2.1], 2.0) == 2
     assert max_in_window([0.0, 0.1, 0.2, 9.0], 2.0) == 3
+
+
+def test_presence_verdict_needs_every_change_seen_and_the_p99_within_the_target() -> None:
+    assert meets_target(999.0, 0, 1000.0)
+    assert meets_target(1000.0, 0, 1000.0)
+    assert not meets_target(1000.1, 0, 1000.0)
+    assert not meets_target(10.0, 1, 1000.0)  # a missed change fails it
+    assert not meets_target(None, 0, 1000.0)  # no data is no pass
+
+
+def test_presence_watch_times_from_since_and_consumes_what_it_matched() -> None:
+    async def scenario() -> tuple[float | None, float | None, float | None]:
+        watch = _Watch("s")
+        stale = presence_clock()
+        watch.on_frame(PresenceSubDown(entries=(PresenceEntry(user_id="s", state="online"),)))
+        since = presence_clock()
+
+        async def later() -> None:
+            await asyncio.sleep(0.05)
+            other = PresenceEntry(user_id="other", state="offline")
+            watch.on_frame(PresenceSubDown(entries=(other,)))  # not the subject
+            await asyncio.sleep(0.05)
+            watch.on_frame(PresenceSubDown(entries=(PresenceEntry(user_id="s", state="offline"),)))
+
+        task = asyncio.create_task(later())
+        # the online arrival came before ``since``: it does not count for a later wait
+        offline = await watch.seen("offline", since, 5.0)
+        await task
+        again = await watch.seen("offline", since, 0.05)  # consumed: nothing left to match
+        # everything up to the match was consumed, the early online arrival too
+        first = await watch.seen("online", stale, 0.05)
+        return offline, again, first
+
+    offline, again, first = asyncio.run(scenario())
+    assert offline is not None and offline >= 90.0
+    assert again is None
+    assert first is None

@@ -40,7 +40,7 @@ from qim.schemas.records import (
     OutboxRecord,
     WriterReply,
 )
-from qim.schemas.records.transient import RtcRelay, TypingRelay
+from qim.schemas.records.transient import TransientRelay
 from qim.tables.message_store import NO_OFFSET, MessageStore
 
 __all__ = ["PartitionWriter", "Plan", "conversation_of"]
@@ -67,8 +67,9 @@ class Plan:
     slices: list[MemberSliceRecord] = field(default_factory=list)
     replies: list[WriterReply] = field(default_factory=list)
     admin_replies: list[AdminReply] = field(default_factory=list)
-    transient: list[TypingRelay | RtcRelay] = field(default_factory=list)
-    """To-gateway records that are no state (13.2 TYPING, 13.5 RTC), sent with the replies."""
+    transient: list[TransientRelay] = field(default_factory=list)
+    """To-gateway records that are no state (13.2 TYPING, 13.3 ephemeral messages, 13.5 RTC),
+    sent with the replies."""
     touched: set[tuple[str, str]] = field(default_factory=set)
     """Conversations with an append in this plan (a PULL_HISTORY of one cuts the batch)."""
     sequenced: set[tuple[str, str]] = field(default_factory=set)

@@ -28,7 +28,14 @@ import msgspec
 from qim.agents.writer.membership import admin, create, leave
 from qim.agents.writer.partition import PartitionWriter, Plan
 from qim.agents.writer.replies import refuse, reply_to
-from qim.core.conversation import Accepted, Amended, Reacted, WriterConfig, conversation_kind
+from qim.core.conversation import (
+    Accepted,
+    Amended,
+    Reacted,
+    Transient,
+    WriterConfig,
+    conversation_kind,
+)
 from qim.core.conversation.ids import is_direct_participant
 from qim.core.conversation.quota import QUOTA_EXHAUSTED, UserKey, joining_users, quota_refused
 from qim.core.history import (
@@ -50,6 +57,7 @@ from qim.core.transient import (
     TypingVerdict,
     by_connection_shard,
     decide_typing,
+    ephemeral_relays,
 )
 from qim.schemas import connection_shard_id, user_bucket
 from qim.schemas.frames.errors import ErrorCode
@@ -189,6 +197,8 @@ def _dispatch(
             if isinstance(decision, Accepted):
                 pw.append(decision.record, plan)
             plan.replies.append(decision.reply)
+            if isinstance(decision, Transient):
+                _ephemeral(pw, ctx, request, decision, plan)
         case AmendRequest():
             _amend(pw, request, now_ms, plan)
         case ReactRequest():
@@ -234,6 +244,31 @@ def _dispatch(
             _typing(pw, ctx, request, now_ms, plan)
         case RtcSignalRequest():
             _rtc_signal(pw, ctx, request, plan)
+
+
+def _ephemeral(
+    pw: PartitionWriter, ctx: RequestContext, request: SendRequest, decision: Transient, plan: Plan
+) -> None:
+    """An ephemeral custom message (13.3 -> 13.2): the core checked membership, type, size and
+    the group size; one relay per ConnectionShard of the members (the sender too, for the
+    other devices). Appends nothing: no outbox record, no seq, no checkpoint entry."""
+    tenant_id = request.tenant_id
+    conversation_id = request.message.conversation_id
+    members: Iterable[str]
+    if decision.target.kind == GROUP:
+        group = pw.membership.group(tenant_id, conversation_id)
+        rows = {} if group is None else group.rows
+        members = (r.user_id for r in rows.values() if r.active)
+    else:
+        members = decision.target.participants
+    plan.transient.extend(
+        ephemeral_relays(
+            request,
+            decision.entry,
+            members,
+            lambda user: ctx.connection_shard_of(tenant_id, user),
+        )
+    )
 
 
 def _rtc_signal(

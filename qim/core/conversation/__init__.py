@@ -20,6 +20,7 @@ from qim.core.conversation.decision import (
     Decision,
     Duplicate,
     Rejected,
+    Transient,
     ack_reply,
     error_reply,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "Sequenced",
     "SequencedRecord",
     "Target",
+    "Transient",
     "WriterConfig",
     "WriterFencedError",
     "WriterLimits",

@@ -12,11 +12,15 @@ template. The payload is never read, only measured. Refusals, in this order:
   with ``message_type=CUSTOM``, and an untyped custom message would have no contract;
 * an undeclared ``custom_type`` -> ``PERMISSION_DENIED`` (``custom_type_not_declared``): A.6 has
   no closer code ("tenant ... authorization failed");
-* an ``ephemeral`` type -> ``PERMISSION_DENIED`` (``ephemeral_not_offered``): its transient path
-  (13.2) is not offered by this server yet, and a persistent commit would break its contract;
 * payload over ``min(max_payload_bytes, max_custom_payload_bytes)`` -> ``PAYLOAD_TOO_LARGE``;
-* ``anchor_target`` without a ``reply_to_conversation_seq`` naming an earlier seq of the
-  conversation -> ``PERMISSION_DENIED`` (``anchor_target_missing``).
+* (persistent types only) ``anchor_target`` without a ``reply_to_conversation_seq`` naming
+  an earlier seq of the conversation -> ``PERMISSION_DENIED`` (``anchor_target_missing``).
+
+An ``ephemeral`` type passes with ``delivery_class="ephemeral"``: the writer then takes the
+transient path (13.2, ``qim.core.transient.ephemeral``) and commits nothing. Its contract's
+flags do not apply to an entry that is in no mailbox, so the contract carries flags 0 and
+anchor ``none`` (never on the timeline, never counted, never moves a session) and its
+``anchor_mode`` is not checked.
 
 Messages of the other client types keep the contract they always had: every flag, own_seq.
 """
@@ -36,6 +40,7 @@ from qim.schemas.message_types import (
     DEFAULT_MESSAGE_FLAGS,
     AnchorMode,
     CustomTypeContract,
+    DeliveryClass,
     MessageType,
     contract_flags,
 )
@@ -56,6 +61,12 @@ class SendContract:
     anchor_mode: AnchorMode = "own_seq"
     schema_version: int = 0
     preview_template: str = ""
+    delivery_class: DeliveryClass = "persistent"
+    """``ephemeral``: relayed to online connections only, never committed (13.2 / 13.3)."""
+
+    @property
+    def ephemeral(self) -> bool:
+        return self.delivery_class == "ephemeral"
 
 
 ORDINARY: Final = SendContract()
@@ -150,16 +161,16 @@ def send_contract(
             "custom_type_not_declared",
             f"custom_type {custom!r} is not declared for this tenant",
         )
-    if contract.delivery_class == "ephemeral":
-        return TypeRefusal(
-            ErrorCode.PERMISSION_DENIED,
-            "ephemeral_not_offered",
-            f"custom_type {custom!r} is ephemeral: transient delivery is not offered "
-            "by this server",
-        )
     cap = min(contract.max_payload_bytes, max_custom_payload_bytes)
     if len(msg.payload) > cap:
         return _too_large(len(msg.payload), cap)
+    if contract.delivery_class == "ephemeral":
+        return SendContract(
+            flags=0,
+            anchor_mode="none",
+            schema_version=contract.schema_version,
+            delivery_class="ephemeral",
+        )
     if contract.anchor_mode == "anchor_target":
         target = msg.reply_to_conversation_seq
         if target is None or not 0 < target <= latest_conversation_seq:

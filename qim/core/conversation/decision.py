@@ -1,6 +1,6 @@
 """What ``ConversationWriterState.handle_send`` returns: plain data for the shell to execute.
 
-Three outcomes, and what the Faust/Kafka shell does with each:
+Four outcomes, and what the Faust/Kafka shell does with each:
 
 * :class:`Rejected` - produce ``reply`` (an ERROR) to ``qim.to-gateway``. Nothing was allocated:
   no message_id, conversation_seq, last_activity_id, token or dedup entry (spec 8.2 I-1).
@@ -16,19 +16,33 @@ Three outcomes, and what the Faust/Kafka shell does with each:
   the append is acknowledged, so the next request is decided without waiting; if that append
   then fails, the state is ahead of the log and must be rebuilt (``restore`` + replay of the
   outbox) before anything else is decided, and the lost record's ack is never sent.
+* :class:`Transient` - an ``ephemeral`` custom type (13.3): append **nothing**; write
+  ``entry`` to the members' online devices (``qim.core.transient.ephemeral_relays``, sent with
+  the replies) and produce ``reply``, a SEND_ACK with ``conversation_seq`` 0. Its transient
+  ``message_id`` is the only trace, in memory (no snapshot, no log).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from qim.core.conversation.membership import Target
 from qim.schemas.frames.connection import Error
 from qim.schemas.frames.errors import ErrorCode
+from qim.schemas.frames.mailbox import SyncEntry
 from qim.schemas.frames.messaging import SendAck
 from qim.schemas.records.outbox import MessageCommitted
 from qim.schemas.records.requests import SendRequest, WriterReply, conversation_key, reply_for
 
-__all__ = ["Accepted", "Decision", "Duplicate", "Rejected", "ack_reply", "error_reply"]
+__all__ = [
+    "Accepted",
+    "Decision",
+    "Duplicate",
+    "Rejected",
+    "Transient",
+    "ack_reply",
+    "error_reply",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +77,16 @@ class Accepted:
         return conversation_key(self.record.tenant_id, self.record.conversation_id)
 
 
-Decision = Rejected | Duplicate | Accepted
+@dataclass(frozen=True, slots=True)
+class Transient:
+    """An ephemeral message: relay ``entry`` to ``target``'s online devices, send ``reply``."""
+
+    entry: SyncEntry
+    reply: WriterReply
+    target: Target
+
+
+Decision = Rejected | Duplicate | Accepted | Transient
 
 
 def error_reply(

@@ -5,10 +5,19 @@ Two functions carry all of it, and the Faust shell calls exactly these, live and
 * :meth:`~ConversationWriterState.handle_send` decides, in the order of spec 8.1: membership
   (PERMISSION_DENIED) -> type and size (``custom_types.send_contract``: a server-only
   ``message_type``, an undeclared or ephemeral custom type, PERMISSION_DENIED; an oversize
-  payload, PAYLOAD_TOO_LARGE) -> admission L1/L2 (RATE_LIMITED) -> ClientDedup
+  payload, PAYLOAD_TOO_LARGE; an ephemeral type leaves here as a :class:`Transient`, see
+  below) -> admission L1/L2 (RATE_LIMITED) -> ClientDedup
   (the same SEND_ACK) -> allocation of message_id / conversation_seq / last_activity_id in one step
   (CLOCK_UNSAFE if the wall clock went back too far). It **never mutates**: the accepted outcome
   is a record plus the ack, and allocation takes effect only when that record is applied.
+* An ``ephemeral`` custom type (13.3) is decided by membership, type and size only, then
+  leaves as a :class:`Transient` (``qim.core.transient.ephemeral``): no admission (the
+  L1/L2 budgets guard the commit log it never enters; the sender's ``per_user_msg_rate`` is
+  the gateway's), no ClientDedup (a retry is delivered again under a new id), refused
+  PERMISSION_DENIED above ``large_group_member_threshold`` members (13.2). Its transient
+  ``message_id`` comes from the same HLC, so it sorts with and never equals a committed id;
+  the HLC's high-water of transient ids is the one thing ``handle_send`` changes besides the
+  retry hints, memory only (not in ``snapshot()``: a restarted writer's clock is past it).
 * :meth:`~ConversationWriterState.handle_amend` decides RECALL / EDIT the same way (order in
   ``amend``): its record, :class:`~qim.schemas.records.outbox.MessageAmended`, takes a seq and
   admission tokens like a message, moves the head's preview only when it repairs it.
@@ -56,6 +65,7 @@ from qim.core.conversation.decision import (
     Decision,
     Duplicate,
     Rejected,
+    Transient,
     ack_reply,
     error_reply,
 )
@@ -68,7 +78,7 @@ from qim.core.conversation.head import (
     advance,
     classify,
 )
-from qim.core.conversation.membership import MembershipView, resolve_target
+from qim.core.conversation.membership import MembershipView, Target, resolve_target
 from qim.core.conversation.policy import message_record
 from qim.core.conversation.snapshot import decode_snapshot, encode_snapshot
 from qim.core.history.records import MessageRecord
@@ -80,6 +90,7 @@ from qim.core.reactions.decide import (
     target_refusal,
 )
 from qim.core.reactions.store import PointReader
+from qim.core.transient.ephemeral import ephemeral_entry
 from qim.schemas.frames.base import U128_ZERO
 from qim.schemas.frames.connection import Error
 from qim.schemas.frames.errors import ErrorCode
@@ -127,6 +138,7 @@ class ConversationWriterState:
         "_fencing_epoch",
         "_heads",
         "_max_id",
+        "_transient_max_id",
         "config",
         "region_id",
         "writer_id",
@@ -141,6 +153,7 @@ class ConversationWriterState:
         self.writer_id = writer_id
         self._fencing_epoch = fencing_epoch
         self._max_id = 0  # the highest id applied: the HLC's persisted state (spec 6.2)
+        self._transient_max_id = 0  # the highest ephemeral message's id: memory only
         self._heads: dict[tuple[str, str], ConversationHead] = {}
         self._dedup = ClientDedup(config.client_dedup_ttl_seconds, config.client_dedup_max_entries)
         self._buckets = AdmissionBuckets()
@@ -202,6 +215,8 @@ class ConversationWriterState:
             reply = error_reply(request, contract.code, detail=contract.detail)
             return Rejected(reply, contract.reason)
         self._check_not_fenced(head)
+        if contract.ephemeral:
+            return self._transient(request, target, head, now_ms, contract.schema_version)
         charges = charges_for(limits, tenant, conversation_id, target.member_count, sender)
         log_now_ms = max(now_ms, hlc_ms_to_unix_ms(self.last_hlc_ms))
         retry_after_ms = self._buckets.promise(charges, log_now_ms)
@@ -231,6 +246,35 @@ class ConversationWriterState:
             request, coords.message_id, coords.conversation_seq, coords.last_activity_id
         )
         return Accepted(record, ack)
+
+    def _transient(
+        self,
+        request: SendRequest,
+        target: Target,
+        head: ConversationHead | None,
+        now_ms: int,
+        schema_version: int,
+    ) -> Rejected | Transient:
+        """An ephemeral message: a transient id and its entry, nothing to append."""
+        threshold = self.config.limits_for(request.tenant_id).large_group_member_threshold
+        if target.member_count > threshold:
+            detail = (
+                f"ephemeral messages are not forwarded in conversations of more than "
+                f"{threshold} members (large_group_member_threshold)"
+            )
+            reply = error_reply(request, ErrorCode.PERMISSION_DENIED, detail=detail)
+            return Rejected(reply, "ephemeral_large_group")
+        try:
+            coords = self._allocate(head, now_ms, advance_seq=False)
+        except ClockUnsafeError as exc:
+            wait_ms = max(1, exc.regression_ms - self.config.clock_regression_reject_ms)
+            return Rejected(error_reply(request, ErrorCode.CLOCK_UNSAFE, wait_ms), "clock_unsafe")
+        self._transient_max_id = max(
+            self._transient_max_id, int.from_bytes(coords.message_id, "big")
+        )
+        entry = ephemeral_entry(request, coords.message_id, coords.committed_at, schema_version)
+        ack = ack_reply(request, coords.message_id, 0, U128_ZERO)
+        return Transient(entry, ack, target)
 
     def handle_amend(
         self,
@@ -378,7 +422,7 @@ class ConversationWriterState:
         self, head: ConversationHead | None, now_ms: int, *, advance_seq: bool = True
     ) -> Coordinates:
         return allocate(
-            self._max_id,
+            max(self._max_id, self._transient_max_id),
             0 if head is None else head.latest_conversation_seq,
             now_ms,
             region_id=self.region_id,

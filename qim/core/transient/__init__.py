@@ -1,10 +1,12 @@
-"""Transient delivery rules (spec 13.2, 13.5): typing, presence subscriptions, RTC ring timers.
+"""Transient delivery rules (spec 13.2, 13.3, 13.5): typing, presence subscriptions, ephemeral
+custom messages, RTC ring timers.
 
 Pure: plain data in, decisions out, time always an argument. Nothing here touches a mailbox,
 the history, the session list or unread (INV-33): the shells that call these cores only ever
 write to live connections.
 """
 
+from qim.core.transient.ephemeral import ephemeral_entry, ephemeral_relays
 from qim.core.transient.presence_sub import (
     ACTIONS,
     OFFLINE,
@@ -39,4 +41,6 @@ __all__ = [
     "answer_reason",
     "by_connection_shard",
     "decide_typing",
+    "ephemeral_entry",
+    "ephemeral_relays",
 ]

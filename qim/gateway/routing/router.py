@@ -41,7 +41,9 @@ to-gateway topic go to it instead of being counted as an unknown kind.
 ``qim.schemas.records.reactions``) go to every live session of their recipients on this node.
 
 ``kind="typing_relay"`` records (13.2, the writer's verdict on a TYPING) are written to every
-live connection of their recipients (:mod:`~qim.gateway.push.transient`).
+live connection of their recipients (:mod:`~qim.gateway.push.transient`), and
+``kind="ephemeral_relay"`` records (an ephemeral custom message, 13.3) as PUSH_EVENTS the same
+way, the sending device excepted.
 
 ``kind="push_batch"`` records (the MailboxNode's PushBatch, spec 11.1) are expanded against
 this node's live connections (:func:`~qim.core.push.expand_batch`, keyed by ``conn_id``, the
@@ -72,7 +74,7 @@ from qim.gateway.logins import jittered
 from qim.gateway.ports import AuthGrant
 from qim.gateway.push.delivery import deliver_push_batch
 from qim.gateway.push.metrics import PushMetrics
-from qim.gateway.push.transient import deliver_typing
+from qim.gateway.push.transient import deliver_ephemeral, deliver_typing
 from qim.gateway.rooms.router import RoomRouter
 from qim.gateway.rooms.router import handles as room_frame
 from qim.gateway.routing.forwarder import RequestForwarder, RequestProducer, kafka_request_producer
@@ -105,7 +107,11 @@ from qim.schemas.records.push import (
 )
 from qim.schemas.records.reactions import decode_reaction_push
 from qim.schemas.records.rooms import ROOM_TO_GATEWAY_KINDS
-from qim.schemas.records.transient import decode_rtc_relay, decode_typing_relay
+from qim.schemas.records.transient import (
+    decode_ephemeral_relay,
+    decode_rtc_relay,
+    decode_typing_relay,
+)
 from qim.streams.producer import replaced_counter
 
 if TYPE_CHECKING:
@@ -441,6 +447,10 @@ class ConversationRouter:
             verdict = self.typing(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
             return verdict
+        if value and resolved.kind == "ephemeral_relay":
+            verdict = self.ephemeral(value)
+            self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
+            return verdict
         if self.prekeys is not None and value and resolved.kind == "prekey_reply":
             verdict = self.prekeys.deliver(value)
             self.metrics.records.labels(kind=resolved.kind, result=verdict.value).inc()
@@ -525,6 +535,15 @@ class ConversationRouter:
         except (msgspec.DecodeError, ValueError):
             return ReplyVerdict.MALFORMED
         written = deliver_typing(relay, self._registry)
+        return ReplyVerdict.DELIVER if written else ReplyVerdict.NO_SESSION
+
+    def ephemeral(self, value: bytes) -> ReplyVerdict:
+        """An ephemeral custom message (13.3) onto its recipients' live connections here."""
+        try:
+            relay = decode_ephemeral_relay(value)
+        except (msgspec.DecodeError, ValueError):
+            return ReplyVerdict.MALFORMED
+        written = deliver_ephemeral(relay, self._registry)
         return ReplyVerdict.DELIVER if written else ReplyVerdict.NO_SESSION
 
     def _report_stale(self, stale: PresenceStale) -> None:

@@ -15,6 +15,7 @@ from qim.core.conversation import (
     Amended,
     ConversationWriterState,
     Rejected,
+    Transient,
     WriterConfig,
     replay,
 )
@@ -35,7 +36,7 @@ from qim.schemas.message_types import (
     MessageType,
     decode_custom_types,
 )
-from qim.schemas.records import AmendRequest, SendRequest
+from qim.schemas.records import GROUP, AmendRequest, SendRequest
 from qim.schemas.records.outbox import PreviewPlaceholder
 
 from .support import (
@@ -182,15 +183,87 @@ def test_the_tenants_max_custom_payload_bytes_caps_every_type() -> None:
         typed_config(contract("huge", max_payload_bytes=cap + 1))
 
 
-def test_an_ephemeral_type_is_refused_until_the_transient_path_exists() -> None:
+def transient(decision: object) -> Transient:
+    assert isinstance(decision, Transient), decision
+    return decision
+
+
+def test_an_ephemeral_type_takes_the_transient_path_and_commits_nothing() -> None:
+    """13.3 ``delivery_class=ephemeral`` -> 13.2: a SEND_ACK with no seq, an entry with no
+    mailbox reference, no head, no ClientDedup entry, no admission token, no snapshot change."""
     state = typed_writer()
-    decision = refused(
-        commit(state, custom("live.cursor"), NOW, team()), ErrorCode.PERMISSION_DENIED
-    )
-    assert decision.reason == "ephemeral_not_offered"
-    error = decision.reply.error
-    assert error is not None and "transient" in error.detail
+    before = state.snapshot()
+    opaque = b"\xc1\xff not parsed"
+    decision = transient(commit(state, custom("live.cursor", opaque), NOW, team()))
+    assert state.snapshot() == before
     assert state.head(TENANT, "g:team") is None
+    ack = decision.reply.send_ack
+    assert ack is not None and decision.reply.error is None
+    assert (ack.request_id, ack.conversation_seq, ack.last_activity_id) == (77, 0, bytes(16))
+    assert ack.client_message_id == "cm-live.cursor-13-None"
+    entry = decision.entry
+    assert entry.message_id == ack.message_id != bytes(16)
+    assert (entry.mailbox_seq, entry.conversation_seq, entry.flags) == (0, 0, 0)
+    assert entry.last_activity_id == bytes(16)
+    assert (entry.sender_id, entry.origin_device_id) == ("alice", "phone")
+    assert entry.body_included and entry.payload_or_ciphertext == opaque
+    assert (entry.message_type, entry.custom_type) == (CUSTOM, "live.cursor")
+    assert entry.client_message_id == ack.client_message_id
+    assert decision.target.kind == GROUP and decision.target.member_count == 2
+
+
+def test_ephemeral_ids_are_unique_and_a_later_commit_sorts_above_them() -> None:
+    """Same millisecond, no apply in between: each transient id is new, and the next
+    committed message (seq 1: the transients took none) gets an id above all of them."""
+    state = typed_writer()
+    ids = []
+    for i in range(3):
+        request = send_request(
+            "alice", "g:team", f"cm-e{i}", message_type=CUSTOM, custom_type="live.cursor"
+        )
+        ids.append(transient(commit(state, request, NOW, team())).entry.message_id)
+    assert len(set(ids)) == 3 and ids == sorted(ids)
+    record = accepted(commit(state, custom("state.sync"), NOW, team())).record
+    assert record.conversation_seq == 1
+    assert record.message_id > ids[-1]
+
+
+def test_ephemeral_retries_are_not_deduplicated_and_admission_is_not_charged() -> None:
+    """A retry is relayed again (nothing was committed to answer it from); a burst over the
+    writer's L1/L2 budgets is still relayed (the gateway's per_user_msg_rate guards it)."""
+    state = writer(typed_config(TYPING_LIKE))
+    first = transient(commit(state, custom("live.cursor"), NOW, team()))
+    again = transient(commit(state, custom("live.cursor"), NOW, team()))
+    assert first.entry.message_id != again.entry.message_id
+    for _ in range(200):
+        transient(commit(state, custom("live.cursor"), NOW, team()))
+
+
+def test_an_ephemeral_send_is_checked_like_any_send() -> None:
+    state = typed_writer()
+    stranger = send_request(
+        "mallory", "g:team", message_type=CUSTOM, custom_type="live.cursor", request_id=77
+    )
+    denied = commit(state, stranger, NOW, team())
+    assert isinstance(denied, Rejected) and denied.reason == "not_a_member"
+    assert denied.code == ErrorCode.PERMISSION_DENIED
+    big = custom("live.cursor", b"x" * (TYPING_LIKE.max_payload_bytes + 1))
+    refused(commit(state, big, NOW, team()), ErrorCode.PAYLOAD_TOO_LARGE)
+
+
+def test_an_ephemeral_send_above_the_large_group_threshold_is_refused_not_dropped() -> None:
+    state = typed_writer()
+    threshold = settings().large_group_member_threshold
+    groups = team()
+    groups.add("g:team", ["alice", "bob"], count=threshold + 1)
+    decision = refused(
+        commit(state, custom("live.cursor"), NOW, groups), ErrorCode.PERMISSION_DENIED
+    )
+    assert decision.reason == "ephemeral_large_group"
+    error = decision.reply.error
+    assert error is not None and "large_group_member_threshold" in error.detail
+    groups.add("g:team", ["alice", "bob"], count=threshold)
+    transient(commit(state, custom("live.cursor"), NOW, groups))
 
 
 def test_the_commit_record_carries_the_contract_and_the_payload_untouched() -> None:
