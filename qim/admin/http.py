@@ -13,6 +13,8 @@ put it behind service-to-service mTLS before exposing it beyond loopback (§20.1
                                                    revoke ADMIN (role ADMIN | MEMBER | GUEST)
 ``POST   /v1/groups/{group_id}/owner``              ``{tenant_id, new_owner_id, actor?}`` transfer
 ``DELETE /v1/groups/{group_id}``                    ``?tenant_id=..&actor=..`` dissolve
+``GET    /v1/openapi.json``                         this API as OpenAPI 3.1 (no secret needed;
+                                                   generated from :mod:`qim.admin.models`)
 
 ``actor`` (who did it, recorded in the CONTROL message) defaults to the ``X-Qim-Admin-Actor``
 header, else ``admin``. ``as_member`` (body or query, default the ``X-Qim-Admin-As-Member``
@@ -28,10 +30,10 @@ REGION_FAILOVER), 504 (no AdminReply in time: retrying is safe), 409 (any other 
 from __future__ import annotations
 
 import hmac
-import json
 import logging
-from typing import Any, Final
+from typing import Any, Final, TypeVar
 
+import msgspec
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
@@ -40,14 +42,26 @@ from qim.admin.groups import (
     AdminRejected,
     AdminTimeout,
     GroupAdmin,
-    reply_json,
 )
+from qim.admin.models import (
+    AddMembersBody,
+    AdminErrorBody,
+    CreateGroupBody,
+    GroupChangeReply,
+    PromoteRoomBody,
+    PromoteRoomReply,
+    SetRoleBody,
+    TransferOwnerBody,
+)
+from qim.admin.openapi import render
 from qim.admin.wire import ADMIN_ACTOR_HEADER, ADMIN_AS_MEMBER_HEADER, ADMIN_SECRET_HEADER
 from qim.schemas.frames import ErrorCode
+from qim.schemas.records.requests import AdminReply
 
 __all__ = ["make_group_admin_app"]
 
 _MAX_BODY_BYTES: Final = 1024 * 1024  # a create may list thousands of invitees
+OPENAPI_PATH: Final = "/v1/openapi.json"
 _ADMIN: Final = web.AppKey("group_admin", GroupAdmin)
 _STATUS: Final = {
     ErrorCode.PERMISSION_DENIED: 403,
@@ -66,21 +80,26 @@ class _BadRequest(Exception):
 
 
 def _error(status: int, error: str, detail: str = "", **extra: Any) -> web.Response:
-    body: dict[str, Any] = {"error": error}
-    if detail:
-        body["detail"] = detail
-    body.update({k: v for k, v in extra.items() if v is not None})
-    return web.json_response(body, status=status)
+    body = AdminErrorBody(
+        error=error,
+        detail=detail or None,
+        code=extra.get("code"),
+        retry_after_ms=extra.get("retry_after_ms"),
+    )
+    return web.Response(
+        body=msgspec.json.encode(body), status=status, content_type="application/json"
+    )
 
 
-async def _json_object(request: web.Request) -> dict[str, Any]:
+_B = TypeVar("_B", bound=msgspec.Struct)
+
+
+async def _decode(request: web.Request, model: type[_B]) -> _B:
+    """The body as ``model`` (:mod:`qim.admin.models`); any mismatch is a 400 naming it."""
     try:
-        body = await request.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise _BadRequest("body must be JSON") from None
-    if not isinstance(body, dict):
-        raise _BadRequest("body must be a JSON object")
-    return body
+        return msgspec.json.decode(await request.read(), type=model)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        raise _BadRequest(str(exc)) from None
 
 
 def _text(source: Any, name: str, default: str | None = None) -> str:
@@ -92,59 +111,49 @@ def _text(source: Any, name: str, default: str | None = None) -> str:
     return value
 
 
-def _ids(body: dict[str, Any], name: str, *, required: bool) -> list[str]:
-    value = body.get(name, None if required else [])
-    if value is None:
-        raise _BadRequest(f"{name} is required")
-    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
-        raise _BadRequest(f"{name} must be a list of non-empty strings")
-    return value
-
-
-def _actor(request: web.Request, body: dict[str, Any] | None = None) -> str:
-    default = request.headers.get(ADMIN_ACTOR_HEADER, "admin")
-    return _text(body if body is not None else request.query, "actor", default)
+def _actor(request: web.Request, given: str | None = None) -> str:
+    if given is not None:
+        return given
+    return _text(request.query, "actor", request.headers.get(ADMIN_ACTOR_HEADER, "admin"))
 
 
 _TRUE: Final = ("1", "true", "yes")
 
 
-def _flag(value: Any, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    if isinstance(value, str):
-        return value.lower() in _TRUE
-    raise _BadRequest(f"{name} must be a boolean")
+def _as_member(request: web.Request, given: bool | None = None) -> bool:
+    if given is not None:
+        return given
+    value = request.query.get("as_member", request.headers.get(ADMIN_AS_MEMBER_HEADER, "0"))
+    return value.lower() in _TRUE
 
 
-def _as_member(request: web.Request, body: dict[str, Any] | None = None) -> bool:
-    source: Any = body if body is not None else request.query
-    default = request.headers.get(ADMIN_AS_MEMBER_HEADER, "0")
-    return _flag(source.get("as_member", default), "as_member")
-
-
-def _ok(tenant_id: str, group_id: str, action: str, reply: Any) -> web.Response:
-    return web.json_response(
-        {"tenant_id": tenant_id, "group_id": group_id, "action": action, **reply_json(reply)}
+def _ok(tenant_id: str, group_id: str, action: str, reply: AdminReply) -> web.Response:
+    return _encoded(
+        GroupChangeReply(
+            tenant_id=tenant_id,
+            group_id=group_id,
+            action=action,  # type: ignore[arg-type]
+            membership_version=reply.membership_version,
+            member_count=reply.member_count,
+        )
     )
 
 
 async def _create(request: web.Request) -> web.Response:
-    body = await _json_object(request)
-    tenant, group = _text(body, "tenant_id"), _text(body, "group_id")
-    owner, members = _text(body, "owner_id"), _ids(body, "member_ids", required=False)
-    reply = await request.app[_ADMIN].create(tenant, group, owner, members)
-    return _ok(tenant, group, "create", reply)
+    body = await _decode(request, CreateGroupBody)
+    admin = request.app[_ADMIN]
+    reply = await admin.create(body.tenant_id, body.group_id, body.owner_id, body.member_ids)
+    return _ok(body.tenant_id, body.group_id, "create", reply)
 
 
 async def _add(request: web.Request) -> web.Response:
-    body = await _json_object(request)
+    body = await _decode(request, AddMembersBody)
     group = request.match_info["group_id"]
-    tenant, members = _text(body, "tenant_id"), _ids(body, "member_ids", required=True)
-    admin = request.app[_ADMIN]
-    actor, as_member = _actor(request, body), _as_member(request, body)
-    reply = await admin.add(tenant, group, members, actor, as_member=as_member)
-    return _ok(tenant, group, "add", reply)
+    actor, as_member = _actor(request, body.actor), _as_member(request, body.as_member)
+    reply = await request.app[_ADMIN].add(
+        body.tenant_id, group, body.member_ids, actor, as_member=as_member
+    )
+    return _ok(body.tenant_id, group, "add", reply)
 
 
 async def _remove(request: web.Request) -> web.Response:
@@ -158,25 +167,25 @@ async def _remove(request: web.Request) -> web.Response:
 
 
 async def _set_role(request: web.Request) -> web.Response:
-    body = await _json_object(request)
+    body = await _decode(request, SetRoleBody)
     group, user = request.match_info["group_id"], request.match_info["user_id"]
-    tenant, role = _text(body, "tenant_id"), _text(body, "role")
-    if role not in SETTABLE_ROLES:
+    if body.role not in SETTABLE_ROLES:
         raise _BadRequest(f"role must be one of {', '.join(SETTABLE_ROLES)}")
-    admin = request.app[_ADMIN]
-    actor, as_member = _actor(request, body), _as_member(request, body)
-    reply = await admin.set_role(tenant, group, [user], role, actor, as_member=as_member)
-    return _ok(tenant, group, "set_role", reply)
+    actor, as_member = _actor(request, body.actor), _as_member(request, body.as_member)
+    reply = await request.app[_ADMIN].set_role(
+        body.tenant_id, group, [user], body.role, actor, as_member=as_member
+    )
+    return _ok(body.tenant_id, group, "set_role", reply)
 
 
 async def _transfer(request: web.Request) -> web.Response:
-    body = await _json_object(request)
+    body = await _decode(request, TransferOwnerBody)
     group = request.match_info["group_id"]
-    tenant, new_owner = _text(body, "tenant_id"), _text(body, "new_owner_id")
-    admin = request.app[_ADMIN]
-    actor, as_member = _actor(request, body), _as_member(request, body)
-    reply = await admin.transfer(tenant, group, new_owner, actor, as_member=as_member)
-    return _ok(tenant, group, "transfer", reply)
+    actor, as_member = _actor(request, body.actor), _as_member(request, body.as_member)
+    reply = await request.app[_ADMIN].transfer(
+        body.tenant_id, group, body.new_owner_id, actor, as_member=as_member
+    )
+    return _ok(body.tenant_id, group, "transfer", reply)
 
 
 async def _dissolve(request: web.Request) -> web.Response:
@@ -195,28 +204,37 @@ async def _show(request: web.Request) -> web.Response:
 
 
 async def _promote(request: web.Request) -> web.Response:
-    body = await _json_object(request)
+    body = await _decode(request, PromoteRoomBody)
     room = request.match_info["room_id"]
-    tenant, group = _text(body, "tenant_id"), _text(body, "group_id")
-    owner = _text(body, "owner_id")
-    reply, online = await request.app[_ADMIN].promote_room(tenant, room, group, owner)
-    return web.json_response(
-        {
-            "tenant_id": tenant,
-            "group_id": group,
-            "action": "promote",
-            "room_id": room,
-            "online_members": list(online),
-            **reply_json(reply),
-        }
+    reply, online = await request.app[_ADMIN].promote_room(
+        body.tenant_id, room, body.group_id, body.owner_id
     )
+    out = PromoteRoomReply(
+        tenant_id=body.tenant_id,
+        group_id=body.group_id,
+        action="promote",
+        room_id=room,
+        online_members=list(online),
+        membership_version=reply.membership_version,
+        member_count=reply.member_count,
+    )
+    return _encoded(out)
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    return web.Response(text=render(), content_type="application/json")
+
+
+def _encoded(body: msgspec.Struct) -> web.Response:
+    return web.Response(body=msgspec.json.encode(body), content_type="application/json")
 
 
 def _guard(admin_secret: bytes) -> Middleware:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         presented = request.headers.get(ADMIN_SECRET_HEADER, "").encode("utf-8", "replace")
-        if not hmac.compare_digest(presented, admin_secret):
+        public = request.method == "GET" and request.path == OPENAPI_PATH
+        if not public and not hmac.compare_digest(presented, admin_secret):
             return _error(401, "unauthorized")
         try:
             return await handler(request)
@@ -255,4 +273,5 @@ def make_group_admin_app(admin: GroupAdmin, admin_secret: str) -> web.Applicatio
     app.router.add_post("/v1/groups/{group_id}/owner", _transfer)
     app.router.add_delete("/v1/groups/{group_id}", _dissolve)
     app.router.add_post("/v1/rooms/{room_id}/promote", _promote)
+    app.router.add_get(OPENAPI_PATH, _openapi)
     return app

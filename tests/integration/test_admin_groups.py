@@ -9,6 +9,9 @@ clear error. The CLI (``qim group ...``) is driven against the same endpoint.
 from __future__ import annotations
 
 import asyncio
+import json
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -26,6 +29,7 @@ from qim.admin import (
     GroupAdminServer,
     start_group_admin_server,
 )
+from qim.admin.openapi import COMMITTED
 from qim.cli import main
 from qim.client import Identity, QimError
 from qim.core.conversation.ids import direct_conversation_id
@@ -371,3 +375,50 @@ async def test_end_to_end_admin_group_sdk_send_history_and_a_direct_send(
             assert info.value.code is ErrorCode.PERMISSION_DENIED  # not bob's conversation
     finally:
         await asyncio.to_thread(worker.stop)
+
+
+def _raw(
+    server: GroupAdminServer, method: str, path: str, body: bytes | None, secret: str | None
+) -> tuple[int, Any]:
+    headers = {"Content-Type": "application/json"}
+    if secret is not None:
+        headers["X-Qim-Admin-Secret"] = secret
+    request = urllib.request.Request(server.url + path, data=body, method=method, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=10) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read())
+
+
+async def test_the_openapi_document_is_served_without_the_secret_and_equals_the_committed_one(
+    server: GroupAdminServer,
+) -> None:
+    status, served = await asyncio.to_thread(_raw, server, "GET", "/v1/openapi.json", None, None)
+    assert status == 200
+    assert served == json.loads(COMMITTED.read_text())
+    assert "/v1/groups/{group_id}/members/{user_id}/role" in served["paths"]
+
+
+@pytest.mark.parametrize(
+    ("body", "names"),
+    [
+        (b'{"tenant_id": "t", "group_id": "g:x", "owner_id": "alice", "colour": 1}', "colour"),
+        (b'{"tenant_id": "t", "group_id": "g:x", "owner_id": 7}', "owner_id"),
+        (b'{"tenant_id": "t", "group_id": "g:x"}', "owner_id"),
+        (b'{"tenant_id": "", "group_id": "g:x", "owner_id": "alice"}', "tenant_id"),
+        (
+            b'{"tenant_id": "t", "group_id": "g:x", "owner_id": "a", "member_ids": [""]}',
+            "member_ids",
+        ),
+        (b"[1, 2]", "object"),
+        (b"not json", "JSON"),
+    ],
+)
+async def test_a_body_the_models_refuse_is_a_400_naming_the_field(
+    server: GroupAdminServer, body: bytes, names: str
+) -> None:
+    """The handlers decode with the same structs the OpenAPI document is generated from."""
+    status, answer = await asyncio.to_thread(_raw, server, "POST", "/v1/groups", body, SECRET)
+    assert status == 400 and answer["error"] == "bad_request"
+    assert names in answer["detail"], answer
