@@ -2,6 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from fractions import Fraction
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from qim.core.conversation import Accepted, Rejected, direct_conversation_id
 from qim.core.conversation.at_all import DAY_MS, DailyQuota, mentions_all, role_refused
 from qim.params import Rate
@@ -239,3 +245,67 @@ def test_direct_conversation_at_all_has_no_role_gate() -> None:
     conv = direct_conversation_id(TENANT, "alice", "bob")
     request = send_request("alice", conv, "c", peer="bob", mentions=ALL)
     assert isinstance(commit(writer(config(large_group_member_threshold=0)), request), Accepted)
+
+
+# -- model-based: the writer's @all decisions equal a plain token-bucket / day-count model ----
+
+PERIOD_MS = 600_000
+SENDERS = {"u0": "OWNER", "u1": "ADMIN", "u2": "MEMBER", "u11": "GUEST"}
+
+
+@dataclass
+class _Model:
+    """11.4.2 from the text: a token bucket (capacity 3, 3 per 10 min) per conversation, a
+    count per sender and UTC day (quota 4), the role rule above the threshold."""
+
+    tokens: dict[str, tuple[Fraction, int]] = field(default_factory=dict)
+    days: dict[tuple[str, int], int] = field(default_factory=dict)
+
+    def decide(self, sender: str, conv: str, members: int, now: int) -> str:
+        if members > 1000 and SENDERS[sender] not in ("OWNER", "ADMIN"):
+            return "at_all_min_role"
+        level, at = self.tokens.get(conv, (Fraction(3), now))
+        level = min(Fraction(3), level + Fraction(now - at, PERIOD_MS // 3))
+        if level < 1:
+            return "at_all_rate_per_conversation"
+        if self.days.get((sender, now // DAY_MS), 0) >= 4:
+            return "at_all_daily_quota_per_sender"
+        self.tokens[conv] = (level - 1, now)
+        self.days[(sender, now // DAY_MS)] = self.days.get((sender, now // DAY_MS), 0) + 1
+        return "accepted"
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(sorted(SENDERS)),
+            st.sampled_from(["g:team", "g:small"]),
+            st.sampled_from([0, 1, 1000, 60_000, 199_999, 200_000, 3_600_000, 40_000_000]),
+        ),
+        min_size=1,
+        max_size=60,
+    )
+)
+def test_model_at_all_decisions_match_the_token_bucket_and_day_model(
+    program: list[tuple[str, str, int]],
+) -> None:
+    groups = _groups(BIG)
+    groups.add("g:small", sorted(SENDERS))
+    groups.roles.update({(TENANT, "g:small", u): r for u, r in SENDERS.items()})
+    state = writer(
+        config(
+            at_all_rate_per_conversation=Rate(count=3, period_ms=PERIOD_MS),
+            at_all_daily_quota_per_sender=4,
+            sender_in_conversation_min_members=10**9,  # L1a off: the model is the @all gate
+        )
+    )
+    model, now = _Model(), NOW
+    for i, (sender, conv, dt) in enumerate(program):
+        now += dt
+        members = groups.member_count(TENANT, conv)
+        decision = commit(state, _all(sender, f"m{i}", conv), now, groups)
+        got = "accepted" if isinstance(decision, Accepted) else getattr(decision, "reason", "?")
+        assert got == model.decide(sender, conv, members, now), (i, sender, conv)
+    replayed = type(state).restore(state.snapshot(), state.config, region_id=1, writer_id=5)
+    assert replayed.snapshot() == state.snapshot()
