@@ -5,11 +5,11 @@ Two functions carry all of it, and the Faust shell calls exactly these, live and
 * :meth:`~ConversationWriterState.handle_send` decides, in the order of spec 8.1: membership
   (PERMISSION_DENIED) -> type and size (``custom_types.send_contract``: a server-only
   ``message_type``, an undeclared or ephemeral custom type, PERMISSION_DENIED; an oversize
-  payload, PAYLOAD_TOO_LARGE) -> admission L1/L2 (RATE_LIMITED) -> the @all gate of an @all
-  (``at_all``: role, per-conversation rate, daily quota; RATE_LIMITED) -> L3
-  ``tenant_fanout_quota`` (FANOUT_QUOTA_EXCEEDED) -> ClientDedup
-  (the same SEND_ACK) -> allocation of message_id / conversation_seq / last_activity_id in one step
-  (CLOCK_UNSAFE if the wall clock went back too far). It **never mutates**: the accepted outcome
+  payload, PAYLOAD_TOO_LARGE) -> admission L1/L2 (RATE_LIMITED) -> ClientDedup (the same
+  SEND_ACK) -> the @all gate of an @all (``at_all``: role, per-conversation rate, daily
+  quota; RATE_LIMITED) -> L3 ``tenant_fanout_quota`` (FANOUT_QUOTA_EXCEEDED) -> allocation
+  of message_id / conversation_seq / last_activity_id in one step (CLOCK_UNSAFE if the wall
+  clock went back too far). It **never mutates**: the accepted outcome
   is a record plus the ack, and allocation takes effect only when that record is applied.
 * :meth:`~ConversationWriterState.handle_amend` decides RECALL / EDIT the same way (order in
   ``amend``): its record, :class:`~qim.schemas.records.outbox.MessageAmended`, takes a seq and
@@ -236,6 +236,14 @@ class ConversationWriterState:
         if retry_after_ms is not None:
             reply = error_reply(request, ErrorCode.RATE_LIMITED, retry_after_ms)
             return Rejected(reply, "rate_limited")
+        hit = self._dedup.get(tenant, sender, msg.client_message_id)
+        if hit is not None:
+            return Duplicate(
+                ack_reply(request, hit.message_id, hit.conversation_seq, hit.last_activity_id)
+            )
+        # A retry of a committed send passed the @all gate and L3 when it was committed (and
+        # took their tokens): checked only for new sends, so a resent @all whose SEND_ACK was
+        # lost gets its ack, not a refusal that would say it failed.
         if at_all:
             refusal = self._at_all_refusal(request, limits, target, log_now_ms)
             if refusal is not None:
@@ -246,11 +254,6 @@ class ConversationWriterState:
         if retry_after_ms is not None:
             reply = error_reply(request, ErrorCode.FANOUT_QUOTA_EXCEEDED, retry_after_ms)
             return Rejected(reply, "fanout_quota_exceeded")
-        hit = self._dedup.get(tenant, sender, msg.client_message_id)
-        if hit is not None:
-            return Duplicate(
-                ack_reply(request, hit.message_id, hit.conversation_seq, hit.last_activity_id)
-            )
         try:
             coords = self._allocate(head, now_ms)
         except ClockUnsafeError as exc:

@@ -8,7 +8,7 @@ from fractions import Fraction
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from qim.core.conversation import Accepted, Rejected, direct_conversation_id
+from qim.core.conversation import Accepted, Duplicate, Rejected, direct_conversation_id
 from qim.core.conversation.at_all import DAY_MS, DailyQuota, mentions_all, role_refused
 from qim.params import Rate
 from qim.schemas.frames import MENTION_ALL, ErrorCode
@@ -309,3 +309,22 @@ def test_model_at_all_decisions_match_the_token_bucket_and_day_model(
         assert got == model.decide(sender, conv, members, now), (i, sender, conv)
     replayed = type(state).restore(state.snapshot(), state.config, region_id=1, writer_id=5)
     assert replayed.snapshot() == state.snapshot()
+
+
+def test_a_resent_at_all_whose_ack_was_lost_gets_the_same_ack_not_a_refusal() -> None:
+    groups = _groups(BIG)
+    state = writer(config(tenant_fanout_quota=Rate(count=100, period_ms=1000)))
+    first = commit(state, _all("u0", "once"), NOW, groups)
+    assert isinstance(first, Accepted)
+    # 3 s later (L1a's interval) the @all cell (10 min) and the tenant bucket (1500 entries of
+    # 100/s) are still spent, yet the retry is a Duplicate with the first SEND_ACK
+    again = state.handle_send(_all("u0", "once", request_id=2), NOW + 3000, groups)
+    assert isinstance(again, Duplicate)
+    assert again.reply.send_ack is not None and first.reply.send_ack is not None
+    assert again.reply.send_ack.message_id == first.reply.send_ack.message_id
+    _, detail = _refused(
+        commit(state, _all("u1", "new"), NOW + 3000, groups), ErrorCode.RATE_LIMITED
+    )
+    assert detail == "at_all_rate_per_conversation"
+    plain = send_request("u1", "g:team", "plain")
+    _refused(commit(state, plain, NOW + 3000, groups), ErrorCode.FANOUT_QUOTA_EXCEEDED)
