@@ -13,6 +13,7 @@ from qim.core.conversation.at_all import DAY_MS, DailyQuota, mentions_all, role_
 from qim.params import Rate
 from qim.schemas.frames import MENTION_ALL, ErrorCode
 from qim.schemas.frames.errors import RETRY_AFTER_NEVER_MS
+from qim.schemas.records import SendRequest
 
 from .support import NOW, TENANT, Groups, commit, config, direct_request, send_request, writer
 
@@ -37,7 +38,7 @@ def _groups(count: int | None = None) -> Groups:
     return groups
 
 
-def _all(sender: str, cmid: str, conversation: str = "g:team", request_id: int = 1) -> object:
+def _all(sender: str, cmid: str, conversation: str = "g:team", request_id: int = 1) -> SendRequest:
     return send_request(sender, conversation, cmid, mentions=ALL, request_id=request_id)
 
 
@@ -48,12 +49,14 @@ def test_mentions_all_reads_mention_targets() -> None:
 
 
 def test_role_rule_applies_only_above_the_large_group_threshold() -> None:
-    rule = {"min_role": "ADMIN", "large_group_member_threshold": 1000}
-    assert role_refused(1001, "MEMBER", **rule)
-    assert not role_refused(1000, "MEMBER", **rule)
-    assert not role_refused(1001, "ADMIN", **rule) and not role_refused(1001, "OWNER", **rule)
-    assert role_refused(1001, "", **rule)  # unknown ranks lowest
-    assert role_refused(5000, "ADMIN", min_role="OWNER", large_group_member_threshold=1000)
+    def refused(members: int, role: str, min_role: str = "ADMIN") -> bool:
+        return role_refused(members, role, min_role=min_role, large_group_member_threshold=1000)
+
+    assert refused(1001, "MEMBER")
+    assert not refused(1000, "MEMBER")
+    assert not refused(1001, "ADMIN") and not refused(1001, "OWNER")
+    assert refused(1001, "")  # unknown ranks lowest
+    assert refused(5000, "ADMIN", min_role="OWNER")
 
 
 def test_11_4_2_a_member_below_at_all_min_role_is_refused_rate_limited_in_a_large_group() -> None:
