@@ -136,7 +136,12 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
         ("mailbox_entries_written_total",),
         note="rate() of the entries the MailboxNode writes, by shard (no tenant label yet)",
     ),
-    _pending("fanout_quota_rejected_total", "24.1.3", "tenant_fanout_quota admission not built"),
+    _m(
+        "fanout_quota_rejected_total",
+        "24.1.3",
+        "conversation",
+        note="sends the ConversationWriter refused FANOUT_QUOTA_EXCEEDED, by tenant",
+    ),
     _pending(
         "dispatch_expand_duration_p99",
         "24.1.3",

@@ -91,9 +91,9 @@ def test_every_offline_device_of_the_user_gets_its_own_task() -> None:
     ("muted", "policy", "effective"),
     [
         (False, "ALL", "ALL"),
-        (True, "ALL", "MENTION_ONLY"),  # muted lowers ALL to MENTION_ONLY
+        (True, "ALL", "MUTED"),  # muted: @me yes, @all no (11.4.3)
         (False, "MENTION_ONLY", "MENTION_ONLY"),
-        (True, "MENTION_ONLY", "MENTION_ONLY"),
+        (True, "MENTION_ONLY", "MUTED"),
         (False, "NONE", "NONE"),
         (True, "NONE", "NONE"),  # muted alone never raises NONE back
         (False, "bogus", "ALL"),  # an unknown value costs a wake-up, never a silence
@@ -106,10 +106,22 @@ def test_push_policy_of_mute_and_notification_policy(
 
 
 @pytest.mark.parametrize(
+    ("policy", "effective"),
+    [("ALL", "MENTION_ONLY"), ("MENTION_ONLY", "MENTION_ONLY"), ("NONE", "NONE")],
+)
+def test_11_4_3_a_tenant_can_let_at_all_notify_in_muted_conversations(
+    policy: str, effective: str
+) -> None:
+    assert push_policy(True, policy, at_all_notify_muted=True) == effective
+    assert push_policy(False, policy, at_all_notify_muted=True) == policy
+
+
+@pytest.mark.parametrize(
     ("policy", "alerting"),
     [
         ("ALL", {"NONE", "AT_ME", "AT_ALL", "REPLY_ME"}),
         ("MENTION_ONLY", {"AT_ME", "AT_ALL", "REPLY_ME"}),
+        ("MUTED", {"AT_ME", "REPLY_ME"}),  # 11.4.3: no notification for @all when muted
         ("NONE", set()),
     ],
 )
@@ -146,3 +158,20 @@ def test_a_mention_breaks_through_mute_but_not_notification_policy_none() -> Non
         online={},
     )
     assert none == []
+
+
+def test_11_4_3_an_at_all_in_a_muted_conversation_makes_no_alert_but_at_me_does() -> None:
+    at_all = _message(5, event_id=5, conversation_id="g:1", mention_type=MentionType.AT_ALL)
+    at_me = _message(6, event_id=6, conversation_id="g:1", mention_type=MentionType.AT_ME)
+    muted = (("g:1", push_policy(True, "ALL")),)
+    tasks = plan_push_tasks(
+        [_fold(at_all, at_me, policies=muted)], digests=_cache("phone"), online={}
+    )
+    assert [(t.kind, t.event_id, t.mention_type) for t in tasks] == [("alert", "6", "AT_ME")]
+    # only the @all: the badge still reaches the device, silently (unread still grows)
+    only = plan_push_tasks([_fold(at_all, policies=muted)], digests=_cache("phone"), online={})
+    assert [(t.kind, t.event_id) for t in only] == [("badge", "badge:90")]
+    # the tenant's at_all_notify_muted: the @all alerts again
+    opted = (("g:1", push_policy(True, "ALL", at_all_notify_muted=True)),)
+    loud = plan_push_tasks([_fold(at_all, policies=opted)], digests=_cache("phone"), online={})
+    assert [(t.kind, t.event_id, t.mention_type) for t in loud] == [("alert", "5", "AT_ALL")]

@@ -13,7 +13,7 @@ Spec names where one fits (§24.1.3), as the raw histograms their percentiles ar
 
 Everything else is ours, prefixed ``qim_fanout_``. ``fanout_entries_per_sec`` is the
 MailboxNode's (entries exist only after expansion), and ``fanout_quota_rejected_total`` belongs
-to admission, not here.
+to admission (the ConversationWriter's L3, ``qim.agents.writer.metrics``), not here.
 """
 
 from __future__ import annotations

@@ -451,6 +451,7 @@ class MailboxNodeService(Service):
                 store=shard.store,
                 push_from_offset=shard.high_water,
                 wakeable=lambda t, u: bool(self.digests.cache.devices(t, u)),
+                at_all_notify_muted=self.options.at_all_notify_muted,
             )
             tasks = self.offline.plan(
                 folds, self.presence.cache(shard.shard), int(time.time() * 1000)

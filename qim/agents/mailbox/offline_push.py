@@ -127,11 +127,13 @@ def user_folds(
     store: KVReader,
     push_from_offset: int,
     wakeable: Callable[[str, str], bool],
+    at_all_notify_muted: Callable[[str], bool] = lambda _tenant_id: False,
 ) -> list[UserFold]:
     """Per user of the fold with a registered device (``wakeable``, checked first so a fold
     of users without push tokens reads nothing more): its new entries (read back from the
     committed store), its badge, and the 16.4 push policy of each entry's conversation (the
-    user's UserConversationState ``muted`` / ``notification_policy`` as committed)."""
+    user's UserConversationState ``muted`` / ``notification_policy`` as committed, and the
+    tenant's ``at_all_notify_muted``, 11.4.3)."""
     entries: dict[tuple[str, str], list[SyncEntry]] = {}
     for group in sorted(written, key=lambda g: (g.tenant_id, g.user_id, g.mailbox_seq)):
         if split_mailbox_seq(group.mailbox_seq).log_offset < push_from_offset:
@@ -155,7 +157,11 @@ def user_folds(
         policies = []
         for conversation_id in sorted({e.conversation_id for e in mine}):
             state = load_state(store, tenant, user, conversation_id)
-            policy = push_policy(state.muted, state.notification_policy)
+            policy = push_policy(
+                state.muted,
+                state.notification_policy,
+                at_all_notify_muted=at_all_notify_muted(tenant),
+            )
             if policy != "ALL":
                 policies.append((conversation_id, policy))
         folds.append(

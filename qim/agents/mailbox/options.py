@@ -10,7 +10,8 @@ documented on the fields. Environment variables beyond ``QIM_<PARAM>``:
 * ``QIM_CURSOR_KEYS`` -- the MailboxCursor HMAC ring ``"kid:base64secret,..."``, first key signs;
   otherwise the development ring in ``QIM_CURSOR_KEYS_FILE`` (default ``<repo>/.run/cursor-keys``),
   created with one random key on first use. Every MailboxNode must load the same ring;
-* ``QIM_TENANT_OVERRIDES`` -- per-tenant ``mailbox_retention_days`` (as for the writer);
+* ``QIM_TENANT_OVERRIDES`` -- per-tenant ``mailbox_retention_days`` and ``at_all_notify_muted``
+  (as for the writer);
 * ``QIM_MAILBOX_SWEEP_INTERVAL_S`` -- how often the retention sweep runs (default 60);
 * ``QIM_MAILBOX_RECONCILE_INTERVAL_S`` -- how often each owned shard's presence cache is
   reconciled against a full read of its compacted partition (default 60, spec 5.4.3 (2); 0: off);
@@ -143,6 +144,8 @@ class MailboxOptions:
     cursor_keys: CursorKeyRing
     shard_epoch: int = FIRST_SHARD_EPOCH
     tenant_retention_days: Mapping[str, int] = field(default_factory=dict)
+    tenant_at_all_notify_muted: Mapping[str, bool] = field(default_factory=dict)
+    """Per-tenant ``at_all_notify_muted`` (11.4.3); others read ``settings``."""
     store_caps: Mapping[str, Any] = field(default_factory=dict)
     group_id: str = GROUP_ID
     client_id: str = "qim-mailbox-node"
@@ -189,6 +192,7 @@ class MailboxOptions:
             cursor_keys=load_cursor_keys(env),
             shard_epoch=int(env.get("QIM_MAILBOX_SHARD_EPOCH", str(FIRST_SHARD_EPOCH))),
             tenant_retention_days={t: s.mailbox_retention_days for t, s in tenants.items()},
+            tenant_at_all_notify_muted={t: s.at_all_notify_muted for t, s in tenants.items()},
             store_caps=dict(store_caps or {}),
             max_records=int(env.get("QIM_MAILBOX_MAX_RECORDS", "500")),
             sweep_interval_s=float(env.get("QIM_MAILBOX_SWEEP_INTERVAL_S", "60")),
@@ -198,6 +202,10 @@ class MailboxOptions:
             checkpoint_keep=int(env.get("QIM_MAILBOX_CHECKPOINT_KEEP", "2")),
             crash=CrashHook.from_env(env),
         )
+
+    def at_all_notify_muted(self, tenant_id: str) -> bool:
+        """11.4.3: whether an @all in a muted conversation of ``tenant_id`` notifies."""
+        return self.tenant_at_all_notify_muted.get(tenant_id, self.settings.at_all_notify_muted)
 
     def config(self, shard: int) -> MailboxConfig:
         return MailboxConfig.from_settings(

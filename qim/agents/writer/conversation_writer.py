@@ -194,6 +194,7 @@ class ConversationWriterService(Service):
                 opts.virtual_bucket_count, self._topics.to_gateway_partitions
             ),
             on_typing=self.metrics.on_typing,
+            on_send_limited=self.metrics.on_send_limited,
         )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=opts.bootstrap,

@@ -10,8 +10,10 @@ HLC went back more than ``clock_regression_reject_ms`` (always 0). ``send_to_ack
 Ours, prefixed ``qim_writer_``: transactions, outbox records, transaction time, and the
 service's counters and partition states read at scrape time; and
 ``qim_writer_quota_refused_total{tenant,dimension}``, the limit refusals 20.4.1 rule 3 asks to
-export per (tenant, dimension) (the spec names no metric; ``dimension`` is the parameter,
-``max_conversations_per_user`` for now).
+export per (tenant, dimension) (the spec names no metric; ``dimension`` is the parameter:
+``max_conversations_per_user``, ``tenant_fanout_quota`` and the three @all limits of 11.4.2).
+``fanout_quota_rejected_total{tenant}`` (24.1.3, verbatim) counts the sends refused
+FANOUT_QUOTA_EXCEEDED by L3 ``tenant_fanout_quota``: steady state 0, > 0 notifies the tenant.
 """
 
 from __future__ import annotations
@@ -86,6 +88,10 @@ class WriterMetrics:
             "qim_writer_quota_refused_total", "requests refused at a limit (20.4.1 rule 3)",
             labelnames=("tenant", "dimension"), registry=r,
         )  # fmt: skip
+        self.fanout_quota_rejected = Counter(
+            "fanout_quota_rejected", "sends refused FANOUT_QUOTA_EXCEEDED (tenant_fanout_quota)",
+            labelnames=("tenant",), registry=r,
+        )  # fmt: skip
         self.typing = Counter(
             "qim_writer_typing_total", "TYPING decisions (13.2) by verdict",
             labelnames=("verdict",), registry=r,
@@ -96,6 +102,12 @@ class WriterMetrics:
     def on_typing(self, verdict: str) -> None:
         """One TYPING decided: forward / merged / too_large / alone / not_a_member."""
         self.typing.labels(verdict).inc()
+
+    def on_send_limited(self, tenant_id: str, dimension: str) -> None:
+        """One send refused by the @all gate or L3 (``dimension``: the parameter)."""
+        self.quota_refused.labels(tenant_id, dimension).inc()
+        if dimension == "tenant_fanout_quota":
+            self.fanout_quota_rejected.labels(tenant_id).inc()
 
     def on_quota_refused(self, tenant_id: str) -> None:
         """One request refused ``conversation_quota_exhausted``."""

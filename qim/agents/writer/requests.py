@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field
+from typing import Final
 
 import msgspec
 
@@ -32,10 +33,12 @@ from qim.core.conversation import (
     Accepted,
     Amended,
     Reacted,
+    Rejected,
     Transient,
     WriterConfig,
     conversation_kind,
 )
+from qim.core.conversation.at_all import DETAIL_DAILY, DETAIL_RATE, DETAIL_ROLE
 from qim.core.conversation.ids import is_direct_participant
 from qim.core.conversation.quota import QUOTA_EXHAUSTED, UserKey, joining_users, quota_refused
 from qim.core.history import (
@@ -122,6 +125,18 @@ class RequestContext:
     """(tenant, user) -> ConnectionShard, where a TYPING for that user goes."""
     on_typing: Callable[[str], None] = lambda _verdict: None
     """Called with each TYPING's verdict (``TypingVerdict.value``), for the metrics."""
+    on_send_limited: Callable[[str, str], None] = lambda _tenant_id, _dimension: None
+    """Called with (tenant, parameter) of each send refused by the @all gate or the L3
+    ``tenant_fanout_quota`` (:data:`SEND_LIMIT_DIMENSIONS`), for the metrics."""
+
+
+SEND_LIMIT_DIMENSIONS: Final = {
+    "fanout_quota_exceeded": "tenant_fanout_quota",
+    DETAIL_ROLE: DETAIL_ROLE,
+    DETAIL_RATE: DETAIL_RATE,
+    DETAIL_DAILY: DETAIL_DAILY,
+}
+"""``Rejected.reason`` of a send -> the parameter that refused it."""
 
 
 def conversation_of_request(request: ConversationRequest) -> tuple[str, str]:
@@ -196,6 +211,8 @@ def _dispatch(
             decision = pw.state.handle_send(request, now_ms, pw.membership)
             if isinstance(decision, Accepted):
                 pw.append(decision.record, plan)
+            elif isinstance(decision, Rejected) and decision.reason in SEND_LIMIT_DIMENSIONS:
+                ctx.on_send_limited(request.tenant_id, SEND_LIMIT_DIMENSIONS[decision.reason])
             plan.replies.append(decision.reply)
             if isinstance(decision, Transient):
                 _ephemeral(pw, ctx, request, decision, plan)

@@ -44,8 +44,25 @@ Where the buckets live, and two deliberate deviations:
   chatting would be throttled. ``WriterLimits.sender_in_conversation_min_members = 0`` restores
   the literal spec 8.2 / T3 rule (every conversation).
 
-L2 is exact: one writer per conversation (spec 8.2: "the only natural counter"). L3
-(``tenant_fanout_quota``) is not enforced here; Appendix B leaves it unset ("per contract").
+L2 is exact: one writer per conversation (spec 8.2: "the only natural counter").
+
+Two more cells, with long intervals (they live in their own :class:`AdmissionBuckets`, so a
+10-minute cell never holds back the eviction of the seconds-long ones):
+
+* ``at_all_rate_per_conversation`` (spec 11.4.2, :func:`at_all_charges`): a cell per
+  conversation taken by every committed @all; capacity = the rate's count. An @all is checked
+  against L2 as well (in series) but takes no L2 token (``weight=0``): "the AT_ALL quota is
+  metered separately and does not consume per_conversation_msg_rate tokens" (11.4.2, I-30).
+* L3 ``tenant_fanout_quota`` (spec 8.2 / 10.5.2, :func:`fanout_charges`): one cell per tenant,
+  charged by estimated entries (``weight`` = the pinned ``member_count``: 1:1 = 2, a group its
+  version's count, I-11), capacity = the rate's count. Every send is debited; only a large
+  group's send (more than ``large_group_member_threshold`` members) is refused, and only while
+  the bucket is overdrawn: a send is admitted while at least one token is left and may take the
+  level below zero (10.5.2: "> 100 % -> reject this tenant's large-group sends"), so a group
+  larger than the bucket still gets its turn. Unset (the default) = not enforced. Metered per
+  writer partition like L1b: the spec's FanoutCoordinator lease (8.2) that would make the
+  bucket tenant-wide is not built, so a tenant writing on P partitions gets up to P x its
+  quota in aggregate (topology.md).
 """
 
 from __future__ import annotations
@@ -58,7 +75,10 @@ from typing import Final
 from qim.core.conversation.config import WriterLimits
 
 __all__ = [
+    "AT_ALL",
     "CONVERSATION",
+    "FANOUT",
+    "LONG_LAYERS",
     "REACTION",
     "SENDER_IN_CONVERSATION",
     "USER",
@@ -66,7 +86,9 @@ __all__ = [
     "BucketKey",
     "Cell",
     "Charge",
+    "at_all_charges",
     "charges_for",
+    "fanout_charges",
     "reaction_charges",
 ]
 
@@ -74,6 +96,10 @@ USER: Final = "user"
 SENDER_IN_CONVERSATION: Final = "sender"
 CONVERSATION: Final = "conversation"
 REACTION: Final = "reaction"
+AT_ALL: Final = "at_all"
+FANOUT: Final = "fanout"
+LONG_LAYERS: Final = frozenset({AT_ALL, FANOUT})
+"""Layers whose cells live in the writer's second :class:`AdmissionBuckets` (long intervals)."""
 
 BucketKey = tuple[str, str, str, str]
 """``(layer, tenant_id, conversation_id, user_id)``; unused parts are ``""``."""
@@ -99,10 +125,13 @@ class Cell:
 
 @dataclass(frozen=True, slots=True)
 class Charge:
-    """One bucket a send would take a token from."""
+    """One bucket a send would take ``weight`` tokens from; ``checked=False``: debited only,
+    never a reason to refuse (L3 for a small conversation)."""
 
     key: BucketKey
     cell: Cell
+    weight: int = 1
+    checked: bool = True
 
 
 def charges_for(
@@ -111,12 +140,14 @@ def charges_for(
     conversation_id: str,
     member_count: int,
     sender_id: str,
+    *,
+    at_all: bool = False,
 ) -> tuple[Charge, ...]:
     """The buckets of one send, in the spec's evaluation order (L1a, L1b, L2).
 
     L1a is charged when the conversation has more members than the threshold; with the default
     (``large_group_member_threshold``, 1000) that is large groups only, a direct conversation
-    never has more than 2.
+    never has more than 2. An @all (``at_all``) is checked against L2 but takes no L2 token.
     """
     out: list[Charge] = []
     if member_count > limits.sender_rate_threshold:
@@ -135,9 +166,32 @@ def charges_for(
         Charge(
             (CONVERSATION, tenant_id, conversation_id, ""),
             Cell.of(per_second, max(1, math.floor(per_second))),
+            weight=0 if at_all else 1,
         )
     )
     return tuple(out)
+
+
+def at_all_charges(limits: WriterLimits, tenant_id: str, conversation_id: str) -> tuple[Charge]:
+    """The ``at_all_rate_per_conversation`` cell of an @all (11.4.2); capacity = its count."""
+    rate = limits.at_all_rate_per_conversation
+    return (Charge((AT_ALL, tenant_id, conversation_id, ""), Cell.of(rate.per_second, rate.count)),)
+
+
+def fanout_charges(limits: WriterLimits, tenant_id: str, member_count: int) -> tuple[Charge, ...]:
+    """L3: ``member_count`` tokens of the tenant's ``tenant_fanout_quota`` (none when unset);
+    checked for large groups only (module docstring)."""
+    quota = limits.tenant_fanout_quota
+    if quota is None:
+        return ()
+    return (
+        Charge(
+            (FANOUT, tenant_id, "", ""),
+            Cell.of(quota.per_second, quota.count),
+            weight=max(0, member_count),
+            checked=member_count > limits.large_group_member_threshold,
+        ),
+    )
 
 
 def reaction_charges(limits: WriterLimits, tenant_id: str, user_id: str) -> tuple[Charge, ...]:
@@ -160,6 +214,8 @@ class AdmissionBuckets:
         """None if every bucket conforms at ``now_ms``; else the first one's retry_after_ms."""
         t = now_ms * _US_PER_MS
         for charge in charges:
+            if not charge.checked:
+                continue
             tat = self._tat.get(charge.key)
             if tat is not None and t < tat - charge.cell.tolerance_us:
                 wait_us = tat - charge.cell.tolerance_us - t
@@ -171,22 +227,27 @@ class AdmissionBuckets:
         no earlier refusal was promised, and its retry_after_ms says when that token comes."""
         t = now_ms * _US_PER_MS
         for charge in charges:
+            if not charge.checked:
+                continue
             tat = self._tat.get(charge.key)
             tolerance = charge.cell.tolerance_us
             if tat is None or t >= tat - tolerance:
                 continue
             base = max(tat, self._promised.pop(charge.key, tat))
             conform_at = min(base - tolerance, max(t + _MAX_HINT_US, tat - tolerance))
-            self._promised[charge.key] = conform_at + tolerance + charge.cell.interval_us
+            step = max(1, charge.weight) * charge.cell.interval_us
+            self._promised[charge.key] = conform_at + tolerance + step
             return max(1, math.ceil((conform_at - t) / _US_PER_MS))
         return None
 
     def debit(self, charges: Iterable[Charge], at_ms: int) -> None:
-        """Take one token from each bucket at ``at_ms`` (a committed record's time)."""
+        """Take ``weight`` tokens from each bucket at ``at_ms`` (a committed record's time)."""
         t = at_ms * _US_PER_MS
         for charge in charges:
+            if charge.weight == 0:
+                continue
             tat = self._tat.pop(charge.key, t)
-            self._tat[charge.key] = max(tat, t) + charge.cell.interval_us
+            self._tat[charge.key] = max(tat, t) + charge.weight * charge.cell.interval_us
         self.evict(at_ms)
 
     def evict(self, now_ms: int) -> int:

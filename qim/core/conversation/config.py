@@ -44,12 +44,25 @@ class WriterLimits:
     reaction_detail_max_members: int = 1000
     reaction_detail_max_per_message: int = 10_000
     reaction_detail_page_limit: int = 100
+    at_all_rate_per_conversation: Rate = field(
+        default_factory=lambda: Rate(count=1, period_ms=10 * 60_000)
+    )
+    """Spec 11.4.2: @all messages per conversation, a bucket of its own (not L2's tokens)."""
+    at_all_daily_quota_per_sender: int = 10
+    """Spec 11.4.2: @all messages per sender per UTC day (``at_all.DailyQuota``)."""
+    at_all_min_role: str = "ADMIN"
+    """Spec 11.4.2: the lowest role that may @all once member_count exceeds
+    ``large_group_member_threshold``."""
+    tenant_fanout_quota: Rate | None = None
+    """Spec 8.2 L3 / 10.5.2: entries per period, a token bucket; None = not enforced."""
 
     def __post_init__(self) -> None:
         if self.per_user_msg_rate_burst < 1:
             raise ValueError("per_user_msg_rate_burst must be >= 1")
         if self.max_custom_payload_bytes < 0:
             raise ValueError("max_custom_payload_bytes must be >= 0")
+        if self.at_all_daily_quota_per_sender < 0:
+            raise ValueError("at_all_daily_quota_per_sender must be >= 0")
 
     @property
     def sender_rate_threshold(self) -> int:
@@ -73,6 +86,10 @@ class WriterLimits:
             reaction_detail_max_members=settings.reaction_detail_max_members,
             reaction_detail_max_per_message=settings.reaction_detail_max_per_message,
             reaction_detail_page_limit=settings.reaction_detail_page_limit,
+            at_all_rate_per_conversation=settings.at_all_rate_per_conversation,
+            at_all_daily_quota_per_sender=int(settings.at_all_daily_quota_per_sender),
+            at_all_min_role=str(settings.at_all_min_role),
+            tenant_fanout_quota=settings.tenant_fanout_quota,
         )
 
 

@@ -46,6 +46,10 @@ class MembershipView(Protocol):
         """The current ``membership_version``; the send pins it."""
         ...
 
+    def role(self, tenant_id: str, conversation_id: str, user_id: str) -> str:
+        """The member's role (``Role``); ``""`` if not an ACTIVE member (11.4.2 @all gate)."""
+        ...
+
 
 class NoGroups:
     """A ``MembershipView`` that knows no group: every group send is PERMISSION_DENIED."""
@@ -59,6 +63,9 @@ class NoGroups:
     def version(self, tenant_id: str, conversation_id: str) -> int:
         return 0
 
+    def role(self, tenant_id: str, conversation_id: str, user_id: str) -> str:
+        return ""
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
@@ -68,6 +75,8 @@ class Target:
     participants: tuple[str, ...]
     member_count: int
     membership_version: int
+    sender_role: str = ""
+    """The sender's group role (``""`` in a direct conversation, which has none)."""
 
 
 def resolve_target(request: SendRequest, membership: MembershipView) -> Target | None:
@@ -85,5 +94,7 @@ def resolve_target(request: SendRequest, membership: MembershipView) -> Target |
         if not membership.is_member(tenant, conversation_id, sender):
             return None
         count = max(1, membership.member_count(tenant, conversation_id))
-        return Target(GROUP, (), count, membership.version(tenant, conversation_id))
+        version = membership.version(tenant, conversation_id)
+        role = membership.role(tenant, conversation_id, sender)
+        return Target(GROUP, (), count, version, role)
     return None

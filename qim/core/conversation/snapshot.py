@@ -8,7 +8,8 @@ below a head is skipped), so replaying from an earlier offset than the snapshot'
 Determinism: equal states encode to identical bytes. Rows are msgpack arrays (``array_like``);
 heads are sorted by ``(tenant_id, conversation_id)``; dedup rows and admission cells keep their
 commit order, which is part of the state (it is the eviction order) and itself a function of the
-log. ``format`` versions the layout; a later version may only append fields with defaults.
+log. ``format`` versions the layout; a later version may only append fields with defaults
+(``at_all_days`` was appended so, an older build reading it ignores the trailing field).
 The writer's own incarnation (region, writer id, fencing epoch) is not state and is not stored.
 """
 
@@ -20,13 +21,15 @@ from typing import Final
 import msgspec
 
 from qim.core.conversation.admission import BucketKey
+from qim.core.conversation.at_all import DailyKey
 from qim.core.conversation.dedup import DedupEntry, DedupKey
 from qim.core.conversation.head import ConversationHead
-from qim.schemas.frames.base import U64, U128
+from qim.schemas.frames.base import U32, U64, U128
 
 __all__ = [
     "SNAPSHOT_FORMAT",
     "BucketRow",
+    "DailyRow",
     "DedupRow",
     "WriterSnapshot",
     "decode_snapshot",
@@ -69,14 +72,28 @@ class BucketRow(msgspec.Struct, frozen=True, array_like=True):
         return (self.layer, self.tenant_id, self.conversation_id, self.user_id), self.tat_us
 
 
+class DailyRow(msgspec.Struct, frozen=True, array_like=True):
+    """One ``at_all.DailyQuota`` row: a sender's @alls on one UTC day."""
+
+    tenant_id: str
+    sender_id: str
+    day: U64
+    count: U32
+
+    def split(self) -> tuple[DailyKey, int, int]:
+        return (self.tenant_id, self.sender_id), self.day, self.count
+
+
 class WriterSnapshot(msgspec.Struct, frozen=True, array_like=True):
-    """Everything ``apply()`` builds: the highest id (the HLC), heads, dedup, admission cells."""
+    """Everything ``apply()`` builds: the highest id (the HLC), heads, dedup, admission cells,
+    the @all daily counts."""
 
     format: int
     last_id: U128
     heads: tuple[ConversationHead, ...] = ()
     dedup: tuple[DedupRow, ...] = ()
     buckets: tuple[BucketRow, ...] = ()
+    at_all_days: tuple[DailyRow, ...] = ()
 
 
 _ENCODER = msgspec.msgpack.Encoder()
@@ -88,6 +105,7 @@ def encode_snapshot(
     heads: Iterable[ConversationHead],
     dedup: Iterable[tuple[DedupKey, DedupEntry]],
     buckets: Iterable[tuple[BucketKey, int]],
+    at_all_days: Iterable[tuple[DailyKey, int, int]] = (),
 ) -> bytes:
     """Serialize state parts; heads are sorted here, the other parts keep their given order."""
     snapshot = WriterSnapshot(
@@ -108,6 +126,7 @@ def encode_snapshot(
             for key, entry in dedup
         ),
         buckets=tuple(BucketRow(*key, tat) for key, tat in buckets),
+        at_all_days=tuple(DailyRow(*key, day, count) for key, day, count in at_all_days),
     )
     return _ENCODER.encode(snapshot)
 

@@ -6,9 +6,11 @@ Two functions carry all of it, and the Faust shell calls exactly these, live and
   (PERMISSION_DENIED) -> type and size (``custom_types.send_contract``: a server-only
   ``message_type``, an undeclared or ephemeral custom type, PERMISSION_DENIED; an oversize
   payload, PAYLOAD_TOO_LARGE; an ephemeral type leaves here as a :class:`Transient`, see
-  below) -> admission L1/L2 (RATE_LIMITED) -> ClientDedup
-  (the same SEND_ACK) -> allocation of message_id / conversation_seq / last_activity_id in one step
-  (CLOCK_UNSAFE if the wall clock went back too far). It **never mutates**: the accepted outcome
+  below) -> admission L1/L2 (RATE_LIMITED) -> ClientDedup (the same SEND_ACK) -> the @all
+  gate of an @all (``at_all``: role, per-conversation rate, daily quota; RATE_LIMITED) -> L3
+  ``tenant_fanout_quota`` (FANOUT_QUOTA_EXCEEDED) -> allocation of message_id /
+  conversation_seq / last_activity_id in one step (CLOCK_UNSAFE if the wall clock went back
+  too far). It **never mutates**: the accepted outcome
   is a record plus the ack, and allocation takes effect only when that record is applied.
 * An ``ephemeral`` custom type (13.3) is decided by membership, type and size only, then
   leaves as a :class:`Transient` (``qim.core.transient.ephemeral``): no admission (the
@@ -45,7 +47,17 @@ Time: ``now_ms`` is the shell's wall clock in Unix ms, an argument, never read h
 
 from __future__ import annotations
 
-from qim.core.conversation.admission import AdmissionBuckets, charges_for, reaction_charges
+import itertools
+
+from qim.core.conversation.admission import (
+    LONG_LAYERS,
+    AdmissionBuckets,
+    Charge,
+    at_all_charges,
+    charges_for,
+    fanout_charges,
+    reaction_charges,
+)
 from qim.core.conversation.allocation import Coordinates, allocate
 from qim.core.conversation.amend import (
     Amended,
@@ -58,7 +70,15 @@ from qim.core.conversation.amend import (
     amend_refusal,
     amend_target,
 )
-from qim.core.conversation.config import WriterConfig
+from qim.core.conversation.at_all import (
+    DETAIL_DAILY,
+    DETAIL_RATE,
+    DETAIL_ROLE,
+    DailyQuota,
+    mentions_all,
+    role_refused,
+)
+from qim.core.conversation.config import WriterConfig, WriterLimits
 from qim.core.conversation.custom_types import TypeRefusal, send_contract
 from qim.core.conversation.decision import (
     Accepted,
@@ -93,7 +113,7 @@ from qim.core.reactions.store import PointReader
 from qim.core.transient.ephemeral import ephemeral_entry
 from qim.schemas.frames.base import U128_ZERO
 from qim.schemas.frames.connection import Error
-from qim.schemas.frames.errors import ErrorCode
+from qim.schemas.frames.errors import RETRY_AFTER_NEVER_MS, ErrorCode
 from qim.schemas.frames.reactions import ReactionUpdate
 from qim.schemas.ids import (
     ClockUnsafeError,
@@ -104,6 +124,7 @@ from qim.schemas.ids import (
 )
 from qim.schemas.records.membership import MembershipCommitted
 from qim.schemas.records.outbox import (
+    GROUP,
     MessageAmended,
     MessageCommitted,
     MessageReacted,
@@ -133,10 +154,12 @@ class ConversationWriterState:
     """Heads, ClientDedup, HLC and admission cells of one outbox partition."""
 
     __slots__ = (
+        "_at_all_days",
         "_buckets",
         "_dedup",
         "_fencing_epoch",
         "_heads",
+        "_long",
         "_max_id",
         "_transient_max_id",
         "config",
@@ -157,6 +180,8 @@ class ConversationWriterState:
         self._heads: dict[tuple[str, str], ConversationHead] = {}
         self._dedup = ClientDedup(config.client_dedup_ttl_seconds, config.client_dedup_max_entries)
         self._buckets = AdmissionBuckets()
+        self._long = AdmissionBuckets()  # the @all and L3 cells (``admission.LONG_LAYERS``)
+        self._at_all_days = DailyQuota()
 
     # -- read side ---------------------------------------------------------------------------
 
@@ -217,7 +242,10 @@ class ConversationWriterState:
         self._check_not_fenced(head)
         if contract.ephemeral:
             return self._transient(request, target, head, now_ms, contract.schema_version)
-        charges = charges_for(limits, tenant, conversation_id, target.member_count, sender)
+        at_all = mentions_all(msg.mention_targets)
+        charges = charges_for(
+            limits, tenant, conversation_id, target.member_count, sender, at_all=at_all
+        )
         log_now_ms = max(now_ms, hlc_ms_to_unix_ms(self.last_hlc_ms))
         retry_after_ms = self._buckets.promise(charges, log_now_ms)
         if retry_after_ms is not None:
@@ -228,6 +256,19 @@ class ConversationWriterState:
             return Duplicate(
                 ack_reply(request, hit.message_id, hit.conversation_seq, hit.last_activity_id)
             )
+        # A retry of a committed send passed the @all gate and L3 when it was committed (and
+        # took their tokens): checked only for new sends, so a resent @all whose SEND_ACK was
+        # lost gets its ack, not a refusal that would say it failed.
+        if at_all:
+            refusal = self._at_all_refusal(request, limits, target, log_now_ms)
+            if refusal is not None:
+                return refusal
+        retry_after_ms = self._long.promise(
+            fanout_charges(limits, tenant, target.member_count), log_now_ms
+        )
+        if retry_after_ms is not None:
+            reply = error_reply(request, ErrorCode.FANOUT_QUOTA_EXCEEDED, retry_after_ms)
+            return Rejected(reply, "fanout_quota_exceeded")
         try:
             coords = self._allocate(head, now_ms)
         except ClockUnsafeError as exc:
@@ -275,6 +316,35 @@ class ConversationWriterState:
         entry = ephemeral_entry(request, coords.message_id, coords.committed_at, schema_version)
         ack = ack_reply(request, coords.message_id, 0, U128_ZERO)
         return Transient(entry, ack, target)
+
+    def _at_all_refusal(
+        self, request: SendRequest, limits: WriterLimits, target: Target, log_now_ms: int
+    ) -> Rejected | None:
+        """The 11.4.2 gate of an @all, in the order of ``at_all``; every refusal RATE_LIMITED."""
+        tenant, sender = request.tenant_id, request.sender_id
+        if target.kind == GROUP and role_refused(
+            target.member_count,
+            target.sender_role,
+            min_role=limits.at_all_min_role,
+            large_group_member_threshold=limits.large_group_member_threshold,
+        ):
+            retry_after_ms: int | None = RETRY_AFTER_NEVER_MS
+            detail = DETAIL_ROLE
+        else:
+            conversation_id = request.message.conversation_id
+            detail = DETAIL_RATE
+            retry_after_ms = self._long.promise(
+                at_all_charges(limits, tenant, conversation_id), log_now_ms
+            )
+            if retry_after_ms is None:
+                detail = DETAIL_DAILY
+                retry_after_ms = self._at_all_days.check(
+                    (tenant, sender), limits.at_all_daily_quota_per_sender, log_now_ms
+                )
+        if retry_after_ms is None:
+            return None
+        reply = error_reply(request, ErrorCode.RATE_LIMITED, retry_after_ms, detail)
+        return Rejected(reply, detail)
 
     def handle_amend(
         self,
@@ -477,6 +547,8 @@ class ConversationWriterState:
             self._dedup.expire(record.committed_at)
         else:
             self._buckets.evict(record.committed_at)
+            self._long.evict(record.committed_at)
+            self._at_all_days.evict(record.committed_at)
             self._dedup.expire(record.committed_at)
         return outcome
 
@@ -491,11 +563,27 @@ class ConversationWriterState:
         return ApplyOutcome.UNSEQUENCED
 
     def _debit(self, record: MessageCommitted | MessageAmended) -> None:
+        """Take what ``handle_send`` / ``handle_amend`` checked, at the record's time. An amend
+        is no @all and costs no fanout quota (its entries replace existing ones, 13.4)."""
         limits = self.config.limits_for(record.tenant_id)
+        tenant, at = record.tenant_id, record.committed_at
+        at_all = isinstance(record, MessageCommitted) and mentions_all(record.mention_targets)
         charges = charges_for(
-            limits, record.tenant_id, record.conversation_id, record.member_count, record.sender_id
+            limits,
+            tenant,
+            record.conversation_id,
+            record.member_count,
+            record.sender_id,
+            at_all=at_all,
         )
-        self._buckets.debit(charges, record.committed_at)
+        self._buckets.debit(charges, at)
+        long: tuple[Charge, ...] = ()
+        if isinstance(record, MessageCommitted):
+            long = fanout_charges(limits, tenant, record.member_count)
+        if at_all:
+            long = (*at_all_charges(limits, tenant, record.conversation_id), *long)
+            self._at_all_days.debit((tenant, record.sender_id), at)
+        self._long.debit(long, at)
 
     # -- checkpoint --------------------------------------------------------------------------
 
@@ -505,7 +593,8 @@ class ConversationWriterState:
             message_id_to_bytes(self._max_id),
             self._heads.values(),
             self._dedup.items(),
-            self._buckets.items(),
+            itertools.chain(self._buckets.items(), self._long.items()),
+            self._at_all_days.items(),
         )
 
     @classmethod
@@ -524,7 +613,10 @@ class ConversationWriterState:
         state._max_id = int.from_bytes(data.last_id, "big")
         state._heads = {head.key: head for head in data.heads}
         state._dedup.load(row.split() for row in data.dedup)
-        state._buckets.load(row.split() for row in data.buckets)
+        rows = [row.split() for row in data.buckets]
+        state._buckets.load(row for row in rows if row[0][0] not in LONG_LAYERS)
+        state._long.load(row for row in rows if row[0][0] in LONG_LAYERS)
+        state._at_all_days.load(row.split() for row in data.at_all_days)
         return state
 
 

@@ -190,6 +190,12 @@ class GroupMembership:
         row = None if group is None else group.rows.get(user_id)
         return row is not None and row.active and row.role in (Role.OWNER, Role.ADMIN)
 
+    def role(self, tenant_id: str, conversation_id: str, user_id: str) -> str:
+        """An ACTIVE member's role; ``""`` for anyone else (the @all gate, 11.4.2)."""
+        group = self._groups.get((tenant_id, conversation_id))
+        row = None if group is None else group.rows.get(user_id)
+        return row.role if row is not None and row.active else ""
+
     def version(self, tenant_id: str, conversation_id: str) -> int:
         """Current membership_version; 0 = no such group."""
         group = self._groups.get((tenant_id, conversation_id))

@@ -17,8 +17,11 @@ and desktop online -> the phone is pushed, the desktop is not).
 
 Mute and ``notification_policy`` (16.4) apply here, at the push layer only: each alert entry
 passes :func:`notifies` under its conversation's :func:`push_policy` (``ALL`` -> every
-unread-counting event; ``MENTION_ONLY``, which ``muted`` lowers ``ALL`` to -> only ``AT_ME`` /
-``AT_ALL`` / ``REPLY_ME``; ``NONE`` -> nothing, not even @me). Unread, ``total_mention``, the
+unread-counting event; ``MENTION_ONLY`` -> only ``AT_ME`` / ``AT_ALL`` / ``REPLY_ME``;
+``MUTED``, what ``muted`` lowers it to -> only ``AT_ME`` / ``REPLY_ME``: 11.4.3's push-storm
+rule, a muted conversation gets no notification for an @all unless the tenant sets
+``at_all_notify_muted``, which makes ``muted`` the plain 16.4 ``MENTION_ONLY``; ``NONE`` ->
+nothing, not even @me). Unread, ``total_mention``, the
 list and the badge are untouched (the fold wrote them already). A suppressed entry is treated
 like an entry that makes no alert: when the fold changed the badge and no other alert of the
 fold carries it, the device gets the silent ``badge`` task (decision: a muted message still
@@ -39,7 +42,15 @@ from qim.schemas.frames.base import EntryFlags, EventType, MentionType
 from qim.schemas.frames.mailbox import SyncEntry
 from qim.schemas.records.notify import DeviceKey, DeviceTokenDigest, PushTask
 
-__all__ = ["Badge", "DigestCache", "UserFold", "notifies", "plan_push_tasks", "push_policy"]
+__all__ = [
+    "MUTED",
+    "Badge",
+    "DigestCache",
+    "UserFold",
+    "notifies",
+    "plan_push_tasks",
+    "push_policy",
+]
 
 _MENTIONS = {
     MentionType.NONE: "NONE",
@@ -51,14 +62,24 @@ _MENTIONS = {
 _BREAK_THROUGH: Final = frozenset({"AT_ME", "AT_ALL", "REPLY_ME"})
 """16.4: the ``mention_type`` values a ``MENTION_ONLY`` conversation still alerts for."""
 
+_MUTED_BREAK_THROUGH: Final = frozenset({"AT_ME", "REPLY_ME"})
+"""11.4.3: a muted conversation alerts for targeted mentions only, not for @all."""
 
-def push_policy(muted: bool, notification_policy: str) -> str:
-    """16.4: the policy push applies to one conversation. ``NONE`` stays ``NONE``; ``muted``
-    lowers ``ALL`` to ``MENTION_ONLY`` (muting alone never silences @me). Anything else than the
-    three values reads as ``ALL``: a wrong value must cost an extra wake-up, never a silence."""
+MUTED: Final = "MUTED"
+"""The policy of a muted conversation (not a ``notification_policy`` value of its own)."""
+
+
+def push_policy(muted: bool, notification_policy: str, *, at_all_notify_muted: bool = False) -> str:
+    """16.4 / 11.4.3: the policy push applies to one conversation. ``NONE`` stays ``NONE``;
+    ``muted`` lowers the rest to :data:`MUTED` (muting alone never silences @me, and silences
+    @all unless the tenant's ``at_all_notify_muted``, then ``MENTION_ONLY``). Anything else
+    than the three values reads as ``ALL``: a wrong value must cost an extra wake-up, never a
+    silence."""
     if notification_policy == "NONE":
         return "NONE"
-    if muted or notification_policy == "MENTION_ONLY":
+    if muted:
+        return "MENTION_ONLY" if at_all_notify_muted else MUTED
+    if notification_policy == "MENTION_ONLY":
         return "MENTION_ONLY"
     return "ALL"
 
@@ -69,6 +90,8 @@ def notifies(policy: str, mention_type: str) -> bool:
         return False
     if policy == "MENTION_ONLY":
         return mention_type in _BREAK_THROUGH
+    if policy == MUTED:
+        return mention_type in _MUTED_BREAK_THROUGH
     return True
 
 

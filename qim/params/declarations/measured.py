@@ -212,3 +212,15 @@ class NamedInProse:
         minimum=1,
         note="Named only inside the B.3 row of default_history_retention_days ('1..=…(3650)').",
     )
+    at_all_notify_muted = Param(
+        "at_all_notify_muted",
+        False,
+        "bool",
+        "prose",
+        "An @all in a muted conversation sends a system notification (§11.4.3).",
+        note=(
+            "§11.4.3 gives the default (a muted conversation gets no notification for AT_ALL) "
+            "and says a tenant can configure it to send; the name is ours. AT_ME / REPLY_ME "
+            "notify in muted conversations either way (§16.4)."
+        ),
+    )

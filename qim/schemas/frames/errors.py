@@ -133,6 +133,7 @@ ERROR_CODES: Final[dict[int, ErrorCodeSpec]] = dict(
             ErrorCode.FANOUT_QUOTA_EXCEEDED,
             "tenant fanout quota hit",
             _A.SHOW_SEND_FAILURE,
+            "retry_after_ms",  # 8.2 / 10.5.2: ERROR{code=FANOUT_QUOTA_EXCEEDED, retry_after_ms}
         ),
         _spec(ErrorCode.TOKEN_EXPIRED, "access token expired", _A.REFRESH_TOKEN_RECONNECT),
         _spec(ErrorCode.TOKEN_REVOKED, "remote logout or device revoked", _A.WIPE_AND_LOGIN),

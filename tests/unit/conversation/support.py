@@ -74,6 +74,8 @@ class Groups:
     members: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     versions: dict[tuple[str, str], int] = field(default_factory=dict)
+    roles: dict[tuple[str, str, str], str] = field(default_factory=dict)
+    """Overrides; a member without one is a MEMBER."""
 
     def add(
         self,
@@ -101,6 +103,11 @@ class Groups:
     def version(self, tenant_id: str, conversation_id: str) -> int:
         return self.versions.get((tenant_id, conversation_id), 0)
 
+    def role(self, tenant_id: str, conversation_id: str, user_id: str) -> str:
+        if not self.is_member(tenant_id, conversation_id, user_id):
+            return ""
+        return self.roles.get((tenant_id, conversation_id, user_id), "MEMBER")
+
 
 def send_request(
     sender: str,
@@ -115,6 +122,7 @@ def send_request(
     message_type: int = 1,
     custom_type: str = "",
     reply_to: int | None = None,
+    mentions: tuple[str, ...] = (),
 ) -> SendRequest:
     return SendRequest(
         tenant_id=tenant,
@@ -131,6 +139,7 @@ def send_request(
             custom_type=custom_type,
             payload=payload,
             reply_to_conversation_seq=reply_to,
+            mention_targets=mentions,
         ),
         peer_user_id=peer,
     )

@@ -1,7 +1,9 @@
 """Live state == replayed state, byte for byte (style.md items 3, 7, 8; direction.md 4.7).
 
 Random interleavings of sends, retries with the same client_message_id, strangers, oversize
-payloads, clock steps (absorbed and unsafe), bursts that hit RATE_LIMITED, membership CONTROL
+payloads, clock steps (absorbed and unsafe), bursts that hit RATE_LIMITED, @alls that meet the
+11.4.2 gate (role, per-conversation rate, daily quota across UTC days), large-group sends over
+the tenant's fanout quota (FANOUT_QUOTA_EXCEEDED), membership CONTROL
 records sharing the seq space, and zombie appends with an older fencing epoch. The live state is
 driven exactly as the shell will drive it (``handle_send``, then ``apply`` of what was appended);
 then the outbox is replayed from empty, from a snapshot taken midway, and from that snapshot with
@@ -24,7 +26,8 @@ from qim.core.conversation import (
     direct_conversation_id,
     replay,
 )
-from qim.schemas.frames import SendAck
+from qim.params import Rate
+from qim.schemas.frames import MENTION_ALL, SendAck
 from qim.schemas.records import (
     MessageCommitted,
     decode_outbox_record,
@@ -40,6 +43,14 @@ GROUPS = Groups()
 GROUPS.add("g:small", USERS[:4])
 GROUPS.add("g:big", USERS[:4], count=1500)
 GROUPS.add("g:small", ["u0"], tenant="beta")
+GROUPS.roles[("acme", "g:big", "u0")] = "OWNER"
+GROUPS.roles[("acme", "g:big", "u1")] = "ADMIN"
+LIMITS = {
+    "at_all_rate_per_conversation": Rate(count=1, period_ms=20_000),
+    "at_all_daily_quota_per_sender": 2,
+    "tenant_fanout_quota": Rate(count=4000, period_ms=1000),
+}
+"""Small enough that the @all cells, the UTC-day counts and the L3 bucket all refuse."""
 CONVERSATIONS: tuple[tuple[str, str, tuple[str, ...]], ...] = (
     # (tenant, conversation_id, who may send)
     ("acme", direct_conversation_id("acme", "u0", "u1"), ("u0", "u1")),
@@ -58,6 +69,7 @@ class Send:
     size: int
     dt: int
     ephemeral: bool
+    at_all: bool = False
 
 
 @dataclass(frozen=True)
@@ -85,9 +97,15 @@ sends = st.builds(
     cmid=st.integers(-1, 12),
     size=st.sampled_from([0, 10, 700, 2048, 32 * 1024, 32 * 1024 + 1]),
     dt=st.one_of(
-        st.just(0), st.just(0), st.integers(0, 60), st.integers(-5200, 3500), st.just(7_200_000)
+        st.just(0),
+        st.just(0),
+        st.integers(0, 60),
+        st.integers(-5200, 3500),
+        st.just(7_200_000),
+        st.just(30_000),
     ),
     ephemeral=st.booleans(),
+    at_all=st.sampled_from([False, False, True]),
 )
 ops = st.lists(
     st.one_of(
@@ -136,7 +154,7 @@ def _ack_fields(ack: SendAck | None) -> tuple[str, bytes, int, bytes]:
 def test_replay_from_empty_and_from_a_midway_snapshot_equals_live(
     program: list[Send | Burst | Control | Zombie], data: st.DataObject
 ) -> None:
-    cfg = config()
+    cfg = config(**LIMITS)
     live = ConversationWriterState(cfg, region_id=REGION, writer_id=WRITER, fencing_epoch=2)
     log: list[bytes] = []
     acks: dict[tuple[str, str, str], tuple[str, bytes, int, bytes]] = {}
@@ -154,7 +172,13 @@ def test_replay_from_empty_and_from_a_midway_snapshot_equals_live(
             sender, peer = _sender_and_peer(op.conversation, op.sender)
             cmid = "" if op.cmid < 0 else f"cm{op.cmid}"
             request = send_request(
-                sender, conv, cmid, tenant=tenant, peer=peer, payload=b"p" * op.size
+                sender,
+                conv,
+                cmid,
+                tenant=tenant,
+                peer=peer,
+                payload=b"p" * op.size,
+                mentions=(MENTION_ALL,) if op.at_all else (),
             )
             retention: RetentionClass = "ephemeral_24h" if op.ephemeral else "default"
             decision = live.handle_send(request, now, GROUPS, retention_class=retention)
