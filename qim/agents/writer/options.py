@@ -184,6 +184,10 @@ class WriterOptions:
         return self.settings.max_members_per_group
 
     @property
+    def e2ee_max_members(self) -> int:
+        return int(self.settings.e2ee_max_members)
+
+    @property
     def mailbox_shard_count(self) -> int:
         return self.settings.mailbox_shard_count
 

@@ -46,6 +46,10 @@ class MembershipView(Protocol):
         """The current ``membership_version``; the send pins it."""
         ...
 
+    def is_e2ee(self, tenant_id: str, conversation_id: str) -> bool:
+        """True iff the group was created end-to-end encrypted (spec 22.1; False if none)."""
+        ...
+
 
 class NoGroups:
     """A ``MembershipView`` that knows no group: every group send is PERMISSION_DENIED."""
@@ -59,15 +63,24 @@ class NoGroups:
     def version(self, tenant_id: str, conversation_id: str) -> int:
         return 0
 
+    def is_e2ee(self, tenant_id: str, conversation_id: str) -> bool:
+        return False
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A conversation the sender may write to, with what the record must pin."""
+    """A conversation the sender may write to, with what the record must pin.
+
+    ``e2ee``: the conversation is end-to-end encrypted (its group's creation flag, spec 22.1;
+    a direct conversation has no creation path yet, so it is never flagged): the record's
+    preview is then the E2EE placeholder, never derived from the body.
+    """
 
     kind: ConversationKind
     participants: tuple[str, ...]
     member_count: int
     membership_version: int
+    e2ee: bool = False
 
 
 def resolve_target(request: SendRequest, membership: MembershipView) -> Target | None:
@@ -85,5 +98,6 @@ def resolve_target(request: SendRequest, membership: MembershipView) -> Target |
         if not membership.is_member(tenant, conversation_id, sender):
             return None
         count = max(1, membership.member_count(tenant, conversation_id))
-        return Target(GROUP, (), count, membership.version(tenant, conversation_id))
+        version = membership.version(tenant, conversation_id)
+        return Target(GROUP, (), count, version, membership.is_e2ee(tenant, conversation_id))
     return None

@@ -74,6 +74,7 @@ class Groups:
     members: dict[tuple[str, str], set[str]] = field(default_factory=dict)
     counts: dict[tuple[str, str], int] = field(default_factory=dict)
     versions: dict[tuple[str, str], int] = field(default_factory=dict)
+    e2ee: set[tuple[str, str]] = field(default_factory=set)
 
     def add(
         self,
@@ -83,9 +84,12 @@ class Groups:
         tenant: str = TENANT,
         count: int | None = None,
         version: int = 1,
+        e2ee: bool = False,
     ) -> str:
         key = (tenant, group_id)
         self.members[key] = set(users)
+        if e2ee:
+            self.e2ee.add(key)
         if count is not None:
             self.counts[key] = count
         self.versions[key] = version
@@ -100,6 +104,9 @@ class Groups:
 
     def version(self, tenant_id: str, conversation_id: str) -> int:
         return self.versions.get((tenant_id, conversation_id), 0)
+
+    def is_e2ee(self, tenant_id: str, conversation_id: str) -> bool:
+        return (tenant_id, conversation_id) in self.e2ee
 
 
 def send_request(
