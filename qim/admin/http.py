@@ -5,7 +5,7 @@ header (constant-time compare), like the AuthService's admin endpoint (``qim.aut
 put it behind service-to-service mTLS before exposing it beyond loopback (§20.1).
 
 ``POST   /v1/groups``                               ``{tenant_id, group_id, owner_id,
-                                                   member_ids?}`` create (owner = OWNER)
+                                                   member_ids?, e2ee?}`` create (owner = OWNER)
 ``POST   /v1/groups/{group_id}/members``            ``{tenant_id, member_ids, actor?}`` GroupAdd
 ``DELETE /v1/groups/{group_id}/members/{user_id}``  ``?tenant_id=..&ban=1&actor=..`` GroupRemove
 ``GET    /v1/groups/{group_id}/members``            ``?tenant_id=..`` show: version and count
@@ -133,7 +133,8 @@ async def _create(request: web.Request) -> web.Response:
     body = await _json_object(request)
     tenant, group = _text(body, "tenant_id"), _text(body, "group_id")
     owner, members = _text(body, "owner_id"), _ids(body, "member_ids", required=False)
-    reply = await request.app[_ADMIN].create(tenant, group, owner, members)
+    e2ee = _flag(body.get("e2ee", False), "e2ee")
+    reply = await request.app[_ADMIN].create(tenant, group, owner, members, e2ee=e2ee)
     return _ok(tenant, group, "create", reply)
 
 
