@@ -8,30 +8,47 @@ list previews the E2EE placeholder, never the body (a plaintext group created al
 its text, the contrast). An edit keeps ciphertext and placeholder. The admin plane adds carol
 (the 3rd member, the limit) and is refused dave with ``PERMISSION_DENIED`` /
 ``e2ee_member_limit``; the group stays E2EE (the next message's preview, a positive barrier, is
-still the placeholder) and its member count is unchanged. An E2EE create over the limit is
-refused the same way.
+still the placeholder) and its member count is unchanged; unread and the @mention count (the
+mention targets stay plaintext, 22.3) work as in any group. bob has a push token on an offline
+device (a digest record, as the NotificationService publishes it): the PushTask the MailboxNode
+plans for the E2EE message is flagged ``e2ee`` with the placeholder text, the plaintext
+group's is not (its task is the barrier that the digest is known). An E2EE create over the
+limit is refused the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import msgspec
 import pytest
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 
 from qim.admin import AdminHttpError, GroupAdminClient
 from qim.client import QimError
+from qim.core.notify.tasks import E2EE_PUSH_PLACEHOLDER
 from qim.devstack.stack import Stack
 from qim.schemas.frames import ErrorCode
 from qim.schemas.frames.history import SessionEntry
 from qim.schemas.records.membership import MEMBERSHIP_CUSTOM_TYPE, decode_control
+from qim.schemas.records.notify import (
+    DeviceKey,
+    DeviceTokenDigest,
+    PushTask,
+    decode_push_task,
+    encode,
+)
 from qim.schemas.records.outbox import PreviewPlaceholder
+from qim.streams.topics import DEVICE_TOKEN_DIGEST, PUSH_TASKS
 from tests.integration.device_support import eventually
 from tests.integration.login_support import pipeline
 from tests.integration.mailbox_support import Client as MailboxProbe
+from tests.integration.mailbox_support import shard_of
 from tests.integration.test_admin_groups import SECRET, WAIT_S, serve
 from tests.integration.test_gateway_routing import gateway, online
 
@@ -47,6 +64,44 @@ def sealed(tag: bytes) -> bytes:
 
 def placeholder(entry: SessionEntry) -> PreviewPlaceholder:
     return msgspec.msgpack.decode(entry.preview_or_placeholder, type=PreviewPlaceholder)
+
+
+@contextlib.asynccontextmanager
+async def push_tasks(
+    stack: Stack, tenant: str, user: str, device: str
+) -> AsyncIterator[Callable[[str], Awaitable[PushTask | None]]]:
+    """Registers a push token digest for ``user``'s offline ``device`` and yields
+    ``next_task(conversation_id)``: the next PushTask planned for that device and conversation,
+    or None when none came within a few seconds."""
+    shard = shard_of(tenant, user)
+    key = DeviceKey(tenant, user, device)
+    producer = AIOKafkaProducer(bootstrap_servers=stack.cfg.kafka.bootstrap)
+    consumer = AIOKafkaConsumer(bootstrap_servers=stack.cfg.kafka.bootstrap)
+    await producer.start()
+    await consumer.start()
+    tp = TopicPartition(PUSH_TASKS.name, shard)
+    consumer.assign([tp])
+    await consumer.seek_to_beginning(tp)
+    try:
+        digest = encode(DeviceTokenDigest(provider="APNS"))
+        await producer.send_and_wait(
+            DEVICE_TOKEN_DIGEST.name, digest, key=key.encode(), partition=shard
+        )
+
+        async def next_task(conversation_id: str) -> PushTask | None:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5.0
+            while loop.time() < deadline:
+                for record in (await consumer.getmany(tp, timeout_ms=500)).get(tp, []):
+                    task = decode_push_task(record.value)
+                    if task.key == key and task.conversation_id == conversation_id:
+                        return task
+            return None
+
+        yield next_task
+    finally:
+        await consumer.stop()
+        await producer.stop()
 
 
 async def test_an_e2ee_group_stores_ciphertext_previews_the_placeholder_and_caps_its_members(
@@ -137,10 +192,33 @@ async def test_an_e2ee_group_stores_ciphertext_previews_the_placeholder_and_caps
                 grown = await asyncio.to_thread(operator.add, tenant, plain, ["carol", "dave"])
                 assert grown["member_count"] == 4
 
-                # the group stayed E2EE: the next message (the barrier) previews the placeholder
-                later = await alice.send_message(secret, sealed(b"-2"))
+                # the group stayed E2EE: the next message (the barrier) previews the placeholder;
+                # unread and the @mention count work on metadata alone (22.3)
+                later = await alice.send_message(secret, sealed(b"-2"), mention_targets=("bob",))
                 carol_row = await row("carol", secret, later.conversation_seq)
                 assert placeholder(carol_row).e2ee
+                assert carol_row.unread_count == 1  # joined after the first message
+                bob_row = await row("bob", secret, later.conversation_seq)
+                assert placeholder(bob_row).e2ee
+                assert bob_row.unread_count == 2  # the two messages; edit and join count nothing
+                assert bob_row.mention_count == 1
+
+                # push (16.7): the plaintext group's task is the barrier, then the E2EE one
+                async with push_tasks(stack, tenant, "bob", "tablet") as next_task:
+                    plain_task = None
+                    for attempt in range(12):
+                        await alice.send_message(plain, f"ping {attempt}".encode())
+                        plain_task = await next_task(plain)
+                        if plain_task is not None:
+                            break
+                    assert plain_task is not None, "no PushTask for the plaintext group"
+                    assert not plain_task.e2ee and plain_task.preview_or_placeholder == ""
+                    await alice.send_message(secret, sealed(b"-3"))
+                    secret_task = await next_task(secret)
+                    assert secret_task is not None, "no PushTask for the E2EE group"
+                    assert secret_task.e2ee and secret_task.kind == "alert"
+                    assert secret_task.preview_or_placeholder == E2EE_PUSH_PLACEHOLDER
+                    assert secret_task.total_unread >= 3  # the badge counts as usual
 
                 # creating an E2EE group over the limit is refused whole (AT-44)
                 with pytest.raises(QimError) as too_big:
