@@ -13,7 +13,9 @@ mention targets stay plaintext, 22.3) work as in any group. bob has a push token
 device (a digest record, as the NotificationService publishes it): the PushTask the MailboxNode
 plans for the E2EE message is flagged ``e2ee`` with the placeholder text, the plaintext
 group's is not (its task is the barrier that the digest is known). An E2EE create over the
-limit is refused the same way.
+limit is refused the same way. The tenant makes its one-to-one conversations E2EE
+(``QIM_E2EE_DIRECT_TENANTS``): alice's direct message to bob is stored as sent and previewed
+as the placeholder too.
 """
 
 from __future__ import annotations
@@ -109,7 +111,7 @@ async def test_an_e2ee_group_stores_ciphertext_previews_the_placeholder_and_caps
 ) -> None:
     tenant = f"t-e2g-{uuid.uuid4().hex[:6]}"
     secret, plain = f"g:sec-{uuid.uuid4().hex[:6]}", f"g:pln-{uuid.uuid4().hex[:6]}"
-    env = {"QIM_E2EE_MAX_MEMBERS": str(E2EE_MAX)}
+    env = {"QIM_E2EE_MAX_MEMBERS": str(E2EE_MAX), "QIM_E2EE_DIRECT_TENANTS": tenant}
     async with (
         pipeline(stack, tmp_path, env),
         MailboxProbe(stack.cfg.kafka.bootstrap) as probe,
@@ -219,6 +221,15 @@ async def test_an_e2ee_group_stores_ciphertext_previews_the_placeholder_and_caps
                     assert secret_task.e2ee and secret_task.kind == "alert"
                     assert secret_task.preview_or_placeholder == E2EE_PUSH_PLACEHOLDER
                     assert secret_task.total_unread >= 3  # the badge counts as usual
+
+                # the tenant's one-to-one conversations are E2EE from their first message
+                direct = alice.direct_conversation_id("bob", tenant_id=tenant, user_id="alice")
+                one = sealed(b"-direct")
+                dm = await alice.send_message(direct, one, peer_user_id="bob")
+                history = await alice.pull_history(direct, limit=10)
+                assert [m.payload_or_ciphertext for m in history.messages] == [one]
+                dm_row = await row("bob", direct, dm.conversation_seq)
+                assert placeholder(dm_row).e2ee and one not in dm_row.preview_or_placeholder
 
                 # creating an E2EE group over the limit is refused whole (AT-44)
                 with pytest.raises(QimError) as too_big:

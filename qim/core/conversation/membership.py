@@ -71,9 +71,10 @@ class NoGroups:
 class Target:
     """A conversation the sender may write to, with what the record must pin.
 
-    ``e2ee``: the conversation is end-to-end encrypted (its group's creation flag, spec 22.1;
-    a direct conversation has no creation path yet, so it is never flagged): the record's
-    preview is then the E2EE placeholder, never derived from the body.
+    ``e2ee``: the conversation is end-to-end encrypted (spec 22.1): a group's creation flag
+    here; a direct conversation's is set by the writer from its head (fixed by its first
+    message, which takes the tenant's ``e2ee_direct_tenants``). The record's preview is then
+    the E2EE placeholder, never derived from the body.
     """
 
     kind: ConversationKind

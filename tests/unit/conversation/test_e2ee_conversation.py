@@ -9,11 +9,13 @@ placeholder, never derived from the body.
 
 from __future__ import annotations
 
+import dataclasses
+
 import msgspec
 
 from qim.agents.notify.delivery import notification_for
 from qim.agents.notify.providers import ApnsConfig, ApnsProvider, FcmConfig, FcmProvider
-from qim.core.conversation import Amended
+from qim.core.conversation import Amended, ConversationWriterState
 from qim.core.fanout.build import amend_dispatch, message_dispatch
 from qim.core.history import (
     MemoryOrderedStore,
@@ -40,10 +42,14 @@ from qim.schemas.records.notify import DeviceKey, DeviceTokenDigest
 from qim.schemas.records.outbox import MessageAmended, MessageCommitted, PreviewPlaceholder
 from tests.unit.conversation.support import (
     NOW,
+    REGION,
     TENANT,
+    WRITER,
     Groups,
     accepted,
+    config,
     contract,
+    direct_request,
     send_request,
     typed_config,
     writer,
@@ -241,3 +247,36 @@ async def test_AT119_push_for_an_e2ee_conversation_is_the_placeholder_only() -> 
     finally:
         await apns.aclose()
         await fcm.aclose()
+
+
+def test_a_tenants_direct_conversations_are_e2ee_from_their_first_message_for_good() -> None:
+    """22.1: "a tenant can make it the default" for 1:1; the first message fixes the flag in
+    the head, so a later change of the setting only affects new conversations."""
+    on = dataclasses.replace(config(), e2ee_direct_tenants=frozenset({TENANT}))
+    off = config()
+    w = writer(on)
+    first = accepted(w.handle_send(direct_request("ann", "bob", payload=CIPHERTEXT), NOW, Groups()))
+    assert isinstance(first.record, MessageCommitted)
+    assert first.record.e2ee and first.record.payload == CIPHERTEXT
+    assert _placeholder(first.record.preview_or_placeholder).e2ee
+    w.apply(first.record)
+    # the setting is switched off (a restart with the new config): the conversation stays E2EE
+    later = ConversationWriterState.restore(
+        w.snapshot(), off, region_id=REGION, writer_id=WRITER, fencing_epoch=2
+    )
+    head = later.head(TENANT, first.record.conversation_id)
+    assert head is not None and head.e2ee
+    second = accepted(later.handle_send(direct_request("ann", "bob", "cm-2"), NOW + 1, Groups()))
+    assert isinstance(second.record, MessageCommitted) and second.record.e2ee
+    # ...while a new one-to-one conversation follows the new setting: plaintext
+    fresh = accepted(later.handle_send(direct_request("ann", "cat", "cm-3"), NOW + 2, Groups()))
+    assert isinstance(fresh.record, MessageCommitted) and not fresh.record.e2ee
+    # and the reverse: a conversation begun in plaintext is not turned E2EE by the setting
+    w2 = writer(off)
+    plain = accepted(w2.handle_send(direct_request("dan", "eve"), NOW, Groups()))
+    w2.apply(plain.record)
+    again = ConversationWriterState.restore(
+        w2.snapshot(), on, region_id=REGION, writer_id=WRITER, fencing_epoch=2
+    )
+    follow = accepted(again.handle_send(direct_request("dan", "eve", "cm-4"), NOW + 1, Groups()))
+    assert isinstance(follow.record, MessageCommitted) and not follow.record.e2ee
