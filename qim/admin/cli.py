@@ -129,12 +129,22 @@ _GROUP = click.argument("group_id", callback=lambda _c, _p, v: _group_id(v))
 @_TENANT
 @click.option("--owner", "owner_id", required=True, help="user_id of the OWNER (the creator).")
 @click.option("--member", "members", multiple=True, help="An invitee (repeatable).")
+@click.option(
+    "--e2ee",
+    is_flag=True,
+    help="End-to-end encrypted for the group's whole life (at most e2ee_max_members).",
+)
 @click.pass_obj
 def create(
-    endpoint: _Endpoint, group_id: str, tenant_id: str, owner_id: str, members: tuple[str, ...]
+    endpoint: _Endpoint,
+    group_id: str,
+    tenant_id: str,
+    owner_id: str,
+    members: tuple[str, ...],
+    e2ee: bool,
 ) -> None:
     """Create GROUP_ID with an OWNER and invited members."""
-    _run(endpoint, lambda c: c.create(tenant_id, group_id, owner_id, members))
+    _run(endpoint, lambda c: c.create(tenant_id, group_id, owner_id, members, e2ee=e2ee))
 
 
 @group.command("promote-room")

@@ -67,14 +67,22 @@ class GroupAdminClient:
         self.timeout_s = timeout_s
 
     def create(
-        self, tenant_id: str, group_id: str, owner_id: str, member_ids: Sequence[str] = ()
+        self,
+        tenant_id: str,
+        group_id: str,
+        owner_id: str,
+        member_ids: Sequence[str] = (),
+        *,
+        e2ee: bool = False,
     ) -> dict[str, Any]:
-        body = {
+        body: dict[str, Any] = {
             "tenant_id": tenant_id,
             "group_id": group_id,
             "owner_id": owner_id,
             "member_ids": list(member_ids),
         }
+        if e2ee:
+            body["e2ee"] = True
         return self._call("POST", "/v1/groups", body=body)
 
     def add(self, tenant_id: str, group_id: str, member_ids: Sequence[str]) -> dict[str, Any]:

@@ -128,9 +128,16 @@ class GroupAdmin:
     # -- operations -----------------------------------------------------------------------------
 
     async def create(
-        self, tenant_id: str, group_id: str, owner_id: str, member_ids: Iterable[str] = ()
+        self,
+        tenant_id: str,
+        group_id: str,
+        owner_id: str,
+        member_ids: Iterable[str] = (),
+        *,
+        e2ee: bool = False,
     ) -> AdminReply:
-        return await self.execute(tenant_id, group_id, "create", owner_id, member_ids)
+        """``e2ee``: an end-to-end encrypted group (spec 22.1; fixed at creation)."""
+        return await self.execute(tenant_id, group_id, "create", owner_id, member_ids, e2ee=e2ee)
 
     async def add(
         self,
@@ -246,6 +253,7 @@ class GroupAdmin:
         ban: bool = False,
         role: str = "",
         as_member: bool = False,
+        e2ee: bool = False,
     ) -> AdminReply:
         """Produce one AdminGroupRequest and return its AdminReply.
 
@@ -253,7 +261,15 @@ class GroupAdmin:
         writer refuses, AdminTimeout, or the producer's error when Kafka did not take it.
         """
         request = self.request(
-            tenant_id, group_id, action, actor, member_ids, ban=ban, role=role, as_member=as_member
+            tenant_id,
+            group_id,
+            action,
+            actor,
+            member_ids,
+            ban=ban,
+            role=role,
+            as_member=as_member,
+            e2ee=e2ee,
         )
         reply_to = request.reply_to
         assert reply_to is not None
@@ -292,6 +308,7 @@ class GroupAdmin:
         ban: bool = False,
         role: str = "",
         as_member: bool = False,
+        e2ee: bool = False,
     ) -> AdminGroupRequest:
         """The validated envelope with a fresh ``reply_to`` (pure; tests read it)."""
         if action not in ACTIONS:
@@ -308,6 +325,8 @@ class GroupAdmin:
             raise ValueError("transfer needs exactly one new owner")
         if action == "set_role" and role not in SETTABLE_ROLES:
             raise ValueError(f"role must be one of {', '.join(SETTABLE_ROLES)}, not {role!r}")
+        if e2ee and action != "create":
+            raise ValueError("e2ee is fixed when a group is created (spec 22.1)")
         correlation_id = uuid.uuid4().hex
         return AdminGroupRequest(
             tenant_id=tenant_id,
@@ -319,6 +338,7 @@ class GroupAdmin:
             reply_to=AdminReplyTo(node_id=self.node_id, correlation_id=correlation_id),
             as_member=as_member,
             role=role if action == "set_role" else "",
+            e2ee=e2ee,
         )
 
 

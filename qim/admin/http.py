@@ -5,7 +5,7 @@ header (constant-time compare), like the AuthService's admin endpoint (``qim.aut
 put it behind service-to-service mTLS before exposing it beyond loopback (§20.1).
 
 ``POST   /v1/groups``                               ``{tenant_id, group_id, owner_id,
-                                                   member_ids?}`` create (owner = OWNER)
+                                                   member_ids?, e2ee?}`` create (owner = OWNER)
 ``POST   /v1/groups/{group_id}/members``            ``{tenant_id, member_ids, actor?}`` GroupAdd
 ``DELETE /v1/groups/{group_id}/members/{user_id}``  ``?tenant_id=..&ban=1&actor=..`` GroupRemove
 ``GET    /v1/groups/{group_id}/members``            ``?tenant_id=..`` show: version and count
@@ -142,7 +142,9 @@ def _ok(tenant_id: str, group_id: str, action: str, reply: AdminReply) -> web.Re
 async def _create(request: web.Request) -> web.Response:
     body = await _decode(request, CreateGroupBody)
     admin = request.app[_ADMIN]
-    reply = await admin.create(body.tenant_id, body.group_id, body.owner_id, body.member_ids)
+    reply = await admin.create(
+        body.tenant_id, body.group_id, body.owner_id, body.member_ids, e2ee=body.e2ee
+    )
     return _ok(body.tenant_id, body.group_id, "create", reply)
 
 

@@ -48,6 +48,13 @@ class CreateGroupBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, 
     group_id: NonEmpty
     owner_id: NonEmpty
     member_ids: list[NonEmpty] = []
+    e2ee: Annotated[
+        bool,
+        msgspec.Meta(
+            description="Create the group end-to-end encrypted (spec 22.1): fixed for its "
+            "life, at most e2ee_max_members members."
+        ),
+    ] = False
 
 
 class AddMembersBody(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen=True):

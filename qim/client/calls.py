@@ -357,10 +357,16 @@ class FrameCalls:
         )
 
     async def create_group(
-        self, group_id: str, member_ids: tuple[str, ...] = (), *, timeout: float | None = None
+        self,
+        group_id: str,
+        member_ids: tuple[str, ...] = (),
+        *,
+        e2ee: bool = False,
+        timeout: float | None = None,
     ) -> MemberListBatch:
-        """CREATE_GROUP (A.3 #21) -> MEMBER_LIST_BATCH; ``member_ids`` are invitees only."""
-        body = CreateGroup(group_id=group_id, member_ids=tuple(member_ids))
+        """CREATE_GROUP (A.3 #21) -> MEMBER_LIST_BATCH; ``member_ids`` are invitees only.
+        ``e2ee`` creates an end-to-end encrypted group (spec 22.1, fixed for its life)."""
+        body = CreateGroup(group_id=group_id, member_ids=tuple(member_ids), e2ee=e2ee)
         return await self._call(body, MemberListBatch, timeout)
 
     async def leave_group(self, group_id: str, *, timeout: float | None = None) -> MemberListBatch:

@@ -9,6 +9,7 @@ clear error. The CLI (``qim group ...``) is driven against the same endpoint.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import urllib.error
 import urllib.request
@@ -173,6 +174,30 @@ async def test_create_is_produced_at_the_groups_partition_and_answered_by_its_re
         "membership_version": 1,
         "member_count": 3,
     }
+
+
+async def test_an_e2ee_create_carries_the_flag_over_http_and_the_cli(
+    server: GroupAdminServer, writer: FakeWriter
+) -> None:
+    """Spec 22.1: the flag is set at creation only (``POST /v1/groups {e2ee}``,
+    ``qim group create --e2ee``); an ordinary create does not carry it."""
+    group, plain = gid(), gid()
+    call = asyncio.create_task(
+        asyncio.to_thread(functools.partial(http(server).create, e2ee=True), TENANT, group, "al")
+    )
+    _, request = await writer.request_for(group)
+    assert (request.action, request.e2ee) == ("create", True)
+    await writer.reply(request, membership_version=1, member_count=1)
+    assert (await call)["membership_version"] == 1
+    args = ["group", "--url", server.url, "--secret", SECRET, "--actor", "ops-3"]
+    for gid_, flags, expected in ((group, ["--e2ee"], True), (plain, [], False)):
+        argv = [*args, "create", gid_, "--tenant", TENANT, "--owner", "al", *flags]
+        pending = asyncio.create_task(asyncio.to_thread(CliRunner().invoke, main, argv))
+        _, request = await writer.request_for(gid_)
+        assert request.e2ee is expected
+        await writer.reply(request, membership_version=1, member_count=1)
+        result = await pending
+        assert result.exit_code == 0, result.output
 
 
 async def test_add_remove_ban_and_show_carry_the_operator_and_the_flags(

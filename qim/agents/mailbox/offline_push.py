@@ -32,7 +32,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from qim.core.mailbox import MailboxReader, WrittenGroup
 from qim.core.mailbox.ports import KVReader
-from qim.core.mailbox.session_store import load_header, load_state
+from qim.core.mailbox.session_store import is_e2ee_message, load_header, load_state
 from qim.core.mailbox.sessions import SessionChange
 from qim.core.notify.tasks import Badge, DigestCache, UserFold, plan_push_tasks, push_policy
 from qim.core.push import ShardPresenceCache
@@ -133,7 +133,8 @@ def user_folds(
     of users without push tokens reads nothing more): its new entries (read back from the
     committed store), its badge, and the 16.4 push policy of each entry's conversation (the
     user's UserConversationState ``muted`` / ``notification_policy`` as committed, and the
-    tenant's ``at_all_notify_muted``, 11.4.3)."""
+    tenant's ``at_all_notify_muted``, 11.4.3), and which of those conversations are
+    end-to-end encrypted (the message facts' flag, 16.7)."""
     entries: dict[tuple[str, str], list[SyncEntry]] = {}
     for group in sorted(written, key=lambda g: (g.tenant_id, g.user_id, g.mailbox_seq)):
         if split_mailbox_seq(group.mailbox_seq).log_offset < push_from_offset:
@@ -174,6 +175,15 @@ def user_folds(
                 ),
                 badge_changed=(tenant, user) in changed,
                 policies=tuple(policies),
+                e2ee=tuple(
+                    sorted(
+                        {
+                            e.conversation_id
+                            for e in mine
+                            if is_e2ee_message(store, tenant, e.conversation_id, e.conversation_seq)
+                        }
+                    )
+                ),
             )
         )
     return folds

@@ -46,6 +46,9 @@ def notification_for(send: Send, task: PushTask | None) -> Notification:
         custom["conversation_id"] = send.conversation_id
     if send.event_id:
         custom["event_id"] = send.event_id
+    e2ee = task is not None and task.e2ee
+    if e2ee:
+        custom["e2ee"] = 1  # 16.7: the client decrypts and rewrites the notification
     if send.kind == "badge":
         return Notification(
             silent=True, title="", body="", badge=send.total_unread, collapse_id="", custom=custom
@@ -62,6 +65,7 @@ def notification_for(send: Send, task: PushTask | None) -> Notification:
         collapse_id=send.collapse_id,
         custom=custom,
         thread_id=send.conversation_id,
+        data_only=e2ee,
     )
 
 

@@ -63,6 +63,10 @@ class Notification:
     collapse_id: str
     custom: Mapping[str, str | int] = field(default_factory=dict)
     thread_id: str = ""
+    data_only: bool = False
+    """16.7 / 22.4 item 4: an E2EE alert goes to Android as a data-only message (the client
+    builds the notification after decrypting); APNs keeps the placeholder alert with
+    ``mutable-content`` (item 3), which every alert already has."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,7 +258,9 @@ class FcmProvider:
         if note.collapse_id:
             android["collapse_key"] = note.collapse_id
         msg: dict[str, Any] = {"token": token, "data": data, "android": android}
-        if not note.silent:
+        if note.data_only and not note.silent:
+            data["title"], data["body"] = note.title, note.body  # the placeholder, for fallback
+        elif not note.silent:
             msg["notification"] = {"title": note.title, "body": note.body}
             android["notification"] = {"notification_count": note.badge}
         return {"message": msg}

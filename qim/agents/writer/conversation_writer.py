@@ -185,6 +185,7 @@ class ConversationWriterService(Service):
             config=opts.config,
             partition_count=partitions,
             max_members=opts.max_members,
+            e2ee_max_members=opts.e2ee_max_members,
             member_limits=opts.member_limits,
             exhausted=self.quota.exhausted,
             on_quota_refused=self.metrics.on_quota_refused,

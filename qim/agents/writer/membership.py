@@ -19,6 +19,7 @@ from qim.agents.writer.partition import PartitionWriter, Plan
 from qim.agents.writer.replies import admin_reply, error_body
 from qim.core.conversation import conversation_kind
 from qim.core.membership import (
+    DEFAULT_E2EE_MAX_MEMBERS,
     ControlStamp,
     MembershipRejected,
     add_members,
@@ -48,8 +49,11 @@ def create(
     max_members: int,
     now_ms: int,
     plan: Plan,
+    e2ee: bool = False,
+    e2ee_max_members: int = DEFAULT_E2EE_MAX_MEMBERS,
 ) -> None:
-    """Version 1 of a new group (one record per chunk of 4096 members)."""
+    """Version 1 of a new group (one record per chunk of 4096 members); ``e2ee`` flags it
+    end-to-end encrypted for good (spec 22.1)."""
     if conversation_kind(group_id) != GROUP:
         raise MembershipRejected("invalid_group_id")
     records = create_group(
@@ -61,6 +65,8 @@ def create(
         committed_at=pw.log_time_ms(now_ms),
         max_members=max_members,
         stamp=_stamp(pw, tenant_id, group_id, now_ms),
+        e2ee=e2ee,
+        e2ee_max_members=e2ee_max_members,
     )
     for record in records:
         pw.append(record, plan)
@@ -87,7 +93,13 @@ ADMIN_SHOW: Final = "show"
 
 
 def admin(
-    pw: PartitionWriter, request: AdminGroupRequest, *, max_members: int, now_ms: int, plan: Plan
+    pw: PartitionWriter,
+    request: AdminGroupRequest,
+    *,
+    max_members: int,
+    now_ms: int,
+    plan: Plan,
+    e2ee_max_members: int = DEFAULT_E2EE_MAX_MEMBERS,
 ) -> None:
     """The trusted admin plane; answered on ``qim.admin-replies`` when it asked for a reply.
 
@@ -106,6 +118,8 @@ def admin(
                 max_members=max_members,
                 now_ms=now_ms,
                 plan=plan,
+                e2ee=request.e2ee,
+                e2ee_max_members=e2ee_max_members,
             )
         elif request.action == MembershipAction.ADD:
             record = add_members(
@@ -117,6 +131,7 @@ def admin(
                 stamp=_stamp(pw, tenant_id, group_id, now_ms),
                 max_members=max_members,
                 as_member=request.as_member,
+                e2ee_max_members=e2ee_max_members,
             )
             if record is not None:
                 pw.append(record, plan)

@@ -11,6 +11,8 @@ cover is ours and documented on the fields. Environment variables beyond ``QIM_<
 * ``QIM_CUSTOM_TYPES`` -- JSON ``{tenant_id | "*": [contract, ...]}``, the tenants' spec 13.3
   custom types (every field of ``qim.schemas.message_types.CustomTypeContract``); ``"*"``
   applies to tenants without their own list; a bad declaration stops the worker at start;
+* ``QIM_E2EE_DIRECT_TENANTS`` -- comma-separated tenant ids whose one-to-one conversations are
+  end-to-end encrypted from their first message on (spec 22.1; ``WriterConfig``);
 * ``QIM_REGION_ID`` -- the ``region_id`` field of ids (spec 6.2), 0 by default;
 * ``QIM_WRITER_CHECKPOINT_EVERY`` -- outbox records between checkpoints;
 * ``QIM_WRITER_LINGER_MS`` / ``QIM_WRITER_MIN_BATCH`` -- the transaction cut
@@ -36,6 +38,7 @@ from qim.core.conversation import WriterConfig
 from qim.core.membership import MemberPageLimits
 from qim.core.transient import TypingRules
 from qim.params import Settings
+from qim.schemas.hashing import validate_identifier
 from qim.schemas.message_types import CustomTypeContract, decode_custom_types
 from qim.streams.topics import (
     ADMIN_REPLIES,
@@ -79,6 +82,14 @@ def custom_types(raw: str | None) -> Mapping[str, tuple[CustomTypeContract, ...]
         return decode_custom_types(raw)
     except (msgspec.DecodeError, ValueError) as exc:
         raise ValueError(f"QIM_CUSTOM_TYPES: {exc}") from exc
+
+
+def e2ee_tenants(raw: str | None) -> frozenset[str]:
+    """The tenant ids of ``QIM_E2EE_DIRECT_TENANTS`` (none when unset); each is validated."""
+    tenants = frozenset(t.strip() for t in (raw or "").split(",") if t.strip())
+    for tenant in tenants:
+        validate_identifier(tenant, "QIM_E2EE_DIRECT_TENANTS tenant")
+    return tenants
 
 
 @dataclass(frozen=True)
@@ -140,7 +151,10 @@ class WriterOptions:
             datadir=datadir,
             settings=settings,
             config=WriterConfig.from_settings(
-                settings, tenants, custom_types(env.get("QIM_CUSTOM_TYPES"))
+                settings,
+                tenants,
+                custom_types(env.get("QIM_CUSTOM_TYPES")),
+                e2ee_direct_tenants=e2ee_tenants(env.get("QIM_E2EE_DIRECT_TENANTS")),
             ),
             store_caps=dict(store_caps or {}),
             checkpoint_every=int(env.get("QIM_WRITER_CHECKPOINT_EVERY", "1000")),
@@ -182,6 +196,10 @@ class WriterOptions:
     @property
     def max_members(self) -> int:
         return self.settings.max_members_per_group
+
+    @property
+    def e2ee_max_members(self) -> int:
+        return int(self.settings.e2ee_max_members)
 
     @property
     def mailbox_shard_count(self) -> int:

@@ -51,7 +51,13 @@ from qim.core.history import (
     message_key,
     pull_history,
 )
-from qim.core.membership import MemberPageLimits, MembershipRejected, create_reply, pull_members
+from qim.core.membership import (
+    DEFAULT_E2EE_MAX_MEMBERS,
+    MemberPageLimits,
+    MembershipRejected,
+    create_reply,
+    pull_members,
+)
 from qim.core.reactions.decide import ReactTarget, target_refusal
 from qim.core.reactions.store import joined_reactions, reaction_page
 from qim.core.transient import (
@@ -109,6 +115,8 @@ class RequestContext:
     config: WriterConfig
     partition_count: int
     max_members: int
+    e2ee_max_members: int = DEFAULT_E2EE_MAX_MEMBERS
+    """B.6.1: the largest E2EE group (spec 22.1)."""
     member_limits: MemberPageLimits = field(default_factory=MemberPageLimits)
     history_limits: HistoryLimits = field(
         default_factory=lambda: HistoryLimits(max_bytes_cap=512 * 1024)
@@ -244,6 +252,8 @@ def _dispatch(
                 max_members=ctx.max_members,
                 now_ms=now_ms,
                 plan=plan,
+                e2ee=request.message.e2ee,
+                e2ee_max_members=ctx.e2ee_max_members,
             )
             page = create_reply(
                 pw.membership,
@@ -256,7 +266,14 @@ def _dispatch(
         case LeaveGroupRequest():
             plan.replies.append(reply_to(request, members=leave(pw, request, now_ms, plan)))
         case AdminGroupRequest():
-            admin(pw, request, max_members=ctx.max_members, now_ms=now_ms, plan=plan)
+            admin(
+                pw,
+                request,
+                max_members=ctx.max_members,
+                now_ms=now_ms,
+                plan=plan,
+                e2ee_max_members=ctx.e2ee_max_members,
+            )
         case TypingRequest():
             _typing(pw, ctx, request, now_ms, plan)
         case RtcSignalRequest():

@@ -135,7 +135,8 @@ def amend_target(
         if not membership.is_member(tenant, conversation_id, user):
             return None
         count = max(1, membership.member_count(tenant, conversation_id))
-        target = Target(GROUP, (), count, membership.version(tenant, conversation_id))
+        version = membership.version(tenant, conversation_id)
+        target = Target(GROUP, (), count, version, e2ee=membership.is_e2ee(tenant, conversation_id))
         return target, membership.is_admin(tenant, conversation_id, user)
     return None
 
@@ -186,15 +187,19 @@ def already_recalled(request: AmendRequest, original: MessageRecord) -> int | No
     return original.recall_event_conversation_seq
 
 
-def amend_preview(action: str, original: MessageRecord, new_payload: bytes) -> bytes:
+def amend_preview(
+    action: str, original: MessageRecord, new_payload: bytes, *, e2ee: bool = False
+) -> bytes:
     """The record's ``preview_or_placeholder``: the placeholder with the state word, or an
-    edit's new payload (``MessageAmended`` docstring)."""
-    if action == "edit":
+    edit's new payload (``MessageAmended`` docstring). In an E2EE conversation an edit's new
+    payload is ciphertext, so its preview is the placeholder too (state ``edited``, 22.3)."""
+    if action == "edit" and not e2ee:
         return new_payload
     placeholder = PreviewPlaceholder(
         message_type=original.message_type,
         custom_type=original.custom_type or "",
         state=_STATE_WORD[action],
+        e2ee=e2ee,
     )
     return _ENCODER.encode(placeholder)
 
@@ -247,7 +252,9 @@ def amend_record(
         target_mention_targets=original.mention_targets,
         new_payload=request.new_payload if request.action == "edit" else b"",
         repairs_preview=repairs_preview,
-        preview_or_placeholder=amend_preview(request.action, original, request.new_payload),
+        preview_or_placeholder=amend_preview(
+            request.action, original, request.new_payload, e2ee=target.e2ee
+        ),
         membership_version=target.membership_version,
         member_count=target.member_count,
         committed_at=coords.committed_at,

@@ -109,6 +109,11 @@ class WriterConfig:
     custom_types: CustomTypeRegistry = field(default_factory=CustomTypeRegistry)
     """Spec 13.3 declarations per tenant (``QIM_CUSTOM_TYPES``); read by ``send_contract`` only,
     never by ``apply``: a committed record carries its contract, so replay ignores this."""
+    e2ee_direct_tenants: frozenset[str] = frozenset()
+    """Tenants whose one-to-one conversations are E2EE (spec 22.1 "a tenant can make it the
+    default"; ``QIM_E2EE_DIRECT_TENANTS``). Read only when a direct conversation's first
+    message is decided: from then on its head's flag holds (fixed at creation), so changing
+    the setting affects new conversations only and replay never reads it."""
 
     def __post_init__(self) -> None:
         if self.client_dedup_ttl_seconds < 1 or self.client_dedup_max_entries < 1:
@@ -124,6 +129,7 @@ class WriterConfig:
         settings: Settings,
         tenants: Mapping[str, Settings] | None = None,
         custom_types: Mapping[str, tuple[CustomTypeContract, ...]] | None = None,
+        e2ee_direct_tenants: frozenset[str] = frozenset(),
     ) -> WriterConfig:
         """Build from ``Settings.load()``, optional per-tenant views (``for_tenant``) and the
         tenants' custom-type declarations (``decode_custom_types``)."""
@@ -143,4 +149,5 @@ class WriterConfig:
             tenant_limits={
                 tenant: WriterLimits.from_settings(view) for tenant, view in (tenants or {}).items()
             },
+            e2ee_direct_tenants=e2ee_direct_tenants,
         )

@@ -118,6 +118,10 @@ class ConversationHead(msgspec.Struct, frozen=True, array_like=True):
     updated_at: U64 = 0
     fencing_epoch: U64 = 0
     head_version: U64 = 0
+    e2ee: bool = False
+    """A message of this conversation was committed E2EE (spec 22.1: then all are). For a
+    direct conversation this is the flag fixed by its first message; trailing, so older
+    snapshots decode."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -164,6 +168,7 @@ def advance(head: ConversationHead | None, record: SequencedRecord) -> Conversat
             last_sender_id=record.sender_id,
             preview_or_placeholder=record.preview_or_placeholder,
             member_count=record.member_count,
+            e2ee=head.e2ee or record.e2ee,
             **common,
         )
     if isinstance(record, MessageAmended) and record.repairs_preview:

@@ -50,6 +50,10 @@ class MembershipView(Protocol):
         """The member's role (``Role``); ``""`` if not an ACTIVE member (11.4.2 @all gate)."""
         ...
 
+    def is_e2ee(self, tenant_id: str, conversation_id: str) -> bool:
+        """True iff the group was created end-to-end encrypted (spec 22.1; False if none)."""
+        ...
+
 
 class NoGroups:
     """A ``MembershipView`` that knows no group: every group send is PERMISSION_DENIED."""
@@ -66,10 +70,19 @@ class NoGroups:
     def role(self, tenant_id: str, conversation_id: str, user_id: str) -> str:
         return ""
 
+    def is_e2ee(self, tenant_id: str, conversation_id: str) -> bool:
+        return False
+
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A conversation the sender may write to, with what the record must pin."""
+    """A conversation the sender may write to, with what the record must pin.
+
+    ``e2ee``: the conversation is end-to-end encrypted (spec 22.1): a group's creation flag
+    here; a direct conversation's is set by the writer from its head (fixed by its first
+    message, which takes the tenant's ``e2ee_direct_tenants``). The record's preview is then
+    the E2EE placeholder, never derived from the body.
+    """
 
     kind: ConversationKind
     participants: tuple[str, ...]
@@ -77,6 +90,7 @@ class Target:
     membership_version: int
     sender_role: str = ""
     """The sender's group role (``""`` in a direct conversation, which has none)."""
+    e2ee: bool = False
 
 
 def resolve_target(request: SendRequest, membership: MembershipView) -> Target | None:
@@ -96,5 +110,6 @@ def resolve_target(request: SendRequest, membership: MembershipView) -> Target |
         count = max(1, membership.member_count(tenant, conversation_id))
         version = membership.version(tenant, conversation_id)
         role = membership.role(tenant, conversation_id, sender)
-        return Target(GROUP, (), count, version, role)
+        e2ee = membership.is_e2ee(tenant, conversation_id)
+        return Target(GROUP, (), count, version, role, e2ee)
     return None

@@ -44,11 +44,16 @@ def inline_body_decision(
     return member_count * body_size <= inline_body_budget_bytes
 
 
-def placeholder_preview(message_type: int, custom_type: str, template: str = "") -> bytes:
+def placeholder_preview(
+    message_type: int, custom_type: str, template: str = "", *, e2ee: bool = False
+) -> bytes:
     """The default ``ConversationHead.preview_or_placeholder``: the type (and a custom type's
-    ``preview_template``), never the payload."""
+    ``preview_template``, a declared fixed text), never the payload; ``e2ee`` marks the
+    generic E2EE placeholder (spec 22.3)."""
     return _ENCODER.encode(
-        PreviewPlaceholder(message_type=message_type, custom_type=custom_type, template=template)
+        PreviewPlaceholder(
+            message_type=message_type, custom_type=custom_type, template=template, e2ee=e2ee
+        )
     )
 
 
@@ -93,10 +98,11 @@ def message_record(
         ),
         retention_class=retention_class,
         preview_or_placeholder=placeholder_preview(
-            msg.message_type, msg.custom_type, contract.preview_template
+            msg.message_type, msg.custom_type, contract.preview_template, e2ee=target.e2ee
         ),
         fencing_epoch=fencing_epoch,
         flags=contract.flags,
         anchor_mode=contract.anchor_mode,
         schema_version=contract.schema_version,
+        e2ee=target.e2ee,
     )

@@ -47,6 +47,7 @@ Time: ``now_ms`` is the shell's wall clock in Unix ms, an argument, never read h
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 from qim.core.conversation.admission import (
@@ -124,6 +125,7 @@ from qim.schemas.ids import (
 )
 from qim.schemas.records.membership import MembershipCommitted
 from qim.schemas.records.outbox import (
+    DIRECT,
     GROUP,
     MessageAmended,
     MessageCommitted,
@@ -229,6 +231,7 @@ class ConversationWriterState:
             return Rejected(error_reply(request, ErrorCode.PERMISSION_DENIED), "not_a_member")
         limits = self.config.limits_for(tenant)
         head = self._heads.get((tenant, conversation_id))
+        target = self._direct_e2ee(tenant, target, head)
         contract = send_contract(
             tenant,
             msg,
@@ -369,6 +372,7 @@ class ConversationWriterState:
         target, is_admin = resolved
         original = lookup(request.target_conversation_seq)
         head = self._heads.get((tenant, conversation_id))
+        target = self._direct_e2ee(tenant, target, head)
         self._check_not_fenced(head)
         limits = self.config.limits_for(tenant)
         log_now_ms = max(now_ms, hlc_ms_to_unix_ms(self.last_hlc_ms))
@@ -409,6 +413,14 @@ class ConversationWriterState:
             request, coords.message_id, coords.conversation_seq, coords.last_activity_id
         )
         return Amended(record, ack)
+
+    def _direct_e2ee(self, tenant_id: str, target: Target, head: ConversationHead | None) -> Target:
+        """A direct conversation's E2EE flag (spec 22.1): fixed by its first message, which
+        takes the tenant's setting; a group's comes from its membership (creation flag)."""
+        if target.kind != DIRECT:
+            return target
+        e2ee = head.e2ee if head is not None else tenant_id in self.config.e2ee_direct_tenants
+        return dataclasses.replace(target, e2ee=e2ee)
 
     def _edit_over_type_cap(self, request: AmendRequest, custom_type: str | None) -> bool:
         """An edit of a custom message is bounded by its type's ``max_payload_bytes`` too

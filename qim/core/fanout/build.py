@@ -14,7 +14,8 @@ Event templates (spec 7.3 flags, 12.4 table, 12.5.1):
   ``anchor_target`` custom message carries its target in ``target_conversation_seq`` (copied
   onto every entry, so a client anchors it without knowing the type), and its
   ``preview_or_placeholder`` (the 13.3 ``preview_template``), which the shard keeps as the
-  session preview instead of a payload prefix.
+  session preview instead of a payload prefix. So does an E2EE message (``e2ee``, spec 22.3):
+  its preview is the generic placeholder whatever its type.
 * a membership CONTROL message (``qim.membership.v1``, App. A.3, ADR-0021): ``event_type =
   MEMBERSHIP`` for its subjects (the joined, left, removed or banned users), with
   ``counts_unread = false`` (joining creates no unread, 10.1.3), ``affects_session_order = true``
@@ -134,8 +135,11 @@ def message_dispatch(record: MessageCommitted, shard: int) -> GroupDispatch:
         retention_class=record.retention_class,
         target_conversation_seq=anchor_target_seq(record),
         preview_or_placeholder=(
-            record.preview_or_placeholder if record.message_type == MessageType.CUSTOM else b""
+            record.preview_or_placeholder
+            if record.message_type == MessageType.CUSTOM or record.e2ee
+            else b""
         ),
+        e2ee=record.e2ee,
     )
 
 

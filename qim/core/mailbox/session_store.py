@@ -62,6 +62,7 @@ __all__ = [
     "facts_key",
     "facts_of",
     "facts_prefix",
+    "is_e2ee_message",
     "load_header",
     "load_projection",
     "load_row",
@@ -147,6 +148,9 @@ class StoredFacts(msgspec.Struct, array_like=True, omit_defaults=True, frozen=Tr
     expire_at: U64 = 0
     reaction_counts: dict[str, U32] = msgspec.field(default_factory=dict)
     summary_version: U64 = 0
+    e2ee: bool = False
+    """The message is end-to-end encrypted (its dispatch's ``e2ee``): push sends the 16.7
+    placeholder only."""
 
     def expired_by(self, log_now_ms: int) -> bool:
         """Retention ended by this log time (0: a row from before the field, never): the row
@@ -195,6 +199,7 @@ def facts_of(d: GroupDispatch, mailbox_seq: int, expire_at: int = 0) -> StoredFa
         # a custom type's preview is its writer-fixed placeholder (spec 13.3 preview_template),
         # never a slice of a business payload the server does not parse
         preview=d.preview_or_placeholder or d.payload[:PREVIEW_BYTES],
+        e2ee=d.e2ee,
     )
 
 
@@ -342,6 +347,14 @@ def preview_of(kv: KVReader, tenant_id: str, conversation_id: str, seq: int) -> 
     for _, value in kv.scan(at, at, False):
         return _FACTS.decode(value).preview
     return b""
+
+
+def is_e2ee_message(kv: KVReader, tenant_id: str, conversation_id: str, seq: int) -> bool:
+    """The message at ``seq`` is end-to-end encrypted (its facts' flag; False once expired)."""
+    at = facts_prefix(tenant_id, conversation_id) + u64(seq)
+    for _, value in kv.scan(at, at, False):
+        return _FACTS.decode(value).e2ee
+    return False
 
 
 def shown_preview(

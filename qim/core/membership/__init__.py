@@ -21,6 +21,8 @@ from qim.core.membership.members_page import (
 )
 from qim.core.membership.operations import (
     DEFAULT_CHUNK_MAX_MEMBERS,
+    DEFAULT_E2EE_MAX_MEMBERS,
+    E2EE_MEMBER_LIMIT,
     ControlStamp,
     add_members,
     create_group,
@@ -44,6 +46,8 @@ from qim.core.membership.state import GroupMembership, VersionPublished
 
 __all__ = [
     "DEFAULT_CHUNK_MAX_MEMBERS",
+    "DEFAULT_E2EE_MAX_MEMBERS",
+    "E2EE_MEMBER_LIMIT",
     "OPERATOR",
     "PREVIOUS_OWNER_ROLE",
     "ControlStamp",

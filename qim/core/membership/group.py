@@ -12,8 +12,8 @@ Why this shape (spec 7.9, 7.5, 12.10):
   are derived data: rebuilt on decode, never serialized, so the serialized state is exactly
   the rows plus two counters.
 
-Mutation is only through :meth:`join`, :meth:`release` and :meth:`set_role` (and ``dissolved``),
-called by ``GroupMembership.apply``.
+Mutation is only through :meth:`join`, :meth:`release` and :meth:`set_role` (and ``dissolved``;
+``e2ee`` is set once, by the create), called by ``GroupMembership.apply``.
 """
 
 from __future__ import annotations
@@ -70,6 +70,7 @@ class GroupState:
         "_slot_user",
         "active_slots",
         "dissolved",
+        "e2ee",
         "group_id",
         "next_slot",
         "rows",
@@ -85,6 +86,8 @@ class GroupState:
         self.next_slot = 0
         self.updated_at = 0
         self.dissolved = False
+        self.e2ee = False
+        """End-to-end encrypted (spec 22.1): set by the create, never changed afterwards."""
         self.rows: dict[str, MemberRow] = {}
         self.active_slots = BitMap()
         self._shard_of = shard_of

@@ -19,6 +19,11 @@ operator (``as_member=False``, the default: the account system or an operator) o
 the member named ``actor`` (``as_member=True``), whose role must allow the change. A dissolved
 group answers every later change like a group that does not exist.
 
+E2EE (spec 22.1): ``create_group(e2ee=True)`` makes an end-to-end encrypted group; the flag is
+on its create records only and never changes (no operation sets or clears it). Such a group
+never grows past ``e2ee_max_members``: a create or an add that would is refused whole with
+``PERMISSION_DENIED, detail=e2ee_member_limit`` (never a silent fall-back to plaintext).
+
 Determinism: targets are de-duplicated and sorted by user id before slots are assigned, so the
 order a client lists members in never changes slot ids or version bytes.
 """
@@ -43,6 +48,8 @@ from qim.schemas.records.membership import MembershipAction, MembershipCommitted
 
 __all__ = [
     "DEFAULT_CHUNK_MAX_MEMBERS",
+    "DEFAULT_E2EE_MAX_MEMBERS",
+    "E2EE_MEMBER_LIMIT",
     "ControlStamp",
     "add_members",
     "create_group",
@@ -55,6 +62,12 @@ __all__ = [
 
 DEFAULT_CHUNK_MAX_MEMBERS: Final = 4096
 """Members per outbox record / slice chunk: 4096 ids stay far below Kafka's 1 MiB default."""
+
+DEFAULT_E2EE_MAX_MEMBERS: Final = 1000
+"""B.6.1 ``e2ee_max_members`` default; the writer passes the configured value."""
+
+E2EE_MEMBER_LIMIT: Final = "e2ee_member_limit"
+"""The ``detail`` of the spec 22.1 refusal (``PERMISSION_DENIED``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,13 +96,16 @@ def create_group(
     chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
     display_hints: Mapping[str, str] | None = None,
     stamp: ControlStamp | None = None,
+    e2ee: bool = False,
+    e2ee_max_members: int = DEFAULT_E2EE_MAX_MEMBERS,
 ) -> tuple[MembershipCommitted, ...]:
     """CREATE_GROUP: version 1 with the creator as OWNER and the invitees as MEMBERs.
 
     More than ``chunk_max_members`` members become several records of ONE logical version;
     ``GroupMembership.apply`` makes the group exist only when the last chunk is in. ``stamp``
     (the create's CONTROL message) goes on the last chunk, so the group's ConversationHead,
-    history row and every member's MEMBERSHIP entry exist from its creation on.
+    history row and every member's MEMBERSHIP entry exist from its creation on. ``e2ee``
+    flags the group end-to-end encrypted for its whole life (module docstring).
     """
     _ids(tenant_id=tenant_id, group_id=group_id, creator=creator)
     if state.group(tenant_id, group_id) is not None or state.has_pending_create(
@@ -98,6 +114,8 @@ def create_group(
         raise MembershipRejected("group_exists")
     invited = [u for u in _targets(invitees) if u != creator]
     total = 1 + len(invited)
+    if e2ee:
+        _check_e2ee_size(total, e2ee_max_members)
     _check_size(total, max_members)
     if chunk_max_members < 2:
         raise ValueError("chunk_max_members must leave room for the creator")
@@ -122,6 +140,7 @@ def create_group(
             committed_at=committed_at,
             chunk_index=index,
             chunk_count=count,
+            e2ee=e2ee,
         )
         for index, (lo, hi) in enumerate(itertools.pairwise(bounds))
     )
@@ -150,11 +169,13 @@ def add_members(
     chunk_max_members: int = DEFAULT_CHUNK_MAX_MEMBERS,
     display_hints: Mapping[str, str] | None = None,
     as_member: bool = False,
+    e2ee_max_members: int = DEFAULT_E2EE_MAX_MEMBERS,
 ) -> MembershipCommitted | None:
     """Admin-plane GroupAdd: new members on fresh slots with ``joined_at = J - 1``.
 
     Targets already in the group are skipped; a former or banned member rejoins on a new slot
     (spec 7.9: slots are never reused) and its ``left_at`` is cleared (spec 12.10, AT-48).
+    An E2EE group refuses an add past ``e2ee_max_members`` (AT-43); it stays E2EE.
     """
     group = _live_group(state, tenant_id, group_id, actor)
     roles.check_add(_actor_role(group, actor, as_member), role)
@@ -163,6 +184,8 @@ def add_members(
         return None
     if len(joining) > chunk_max_members:
         raise MembershipRejected("too_many_targets", code=ErrorCode.PAYLOAD_TOO_LARGE)
+    if group.e2ee:
+        _check_e2ee_size(group.member_count + len(joining), e2ee_max_members)
     _check_size(group.member_count + len(joining), max_members)
     return _change(
         state,
@@ -398,6 +421,12 @@ def _check_size(total: int, max_members: int) -> None:
     """B.6.1 ``max_members_per_group``: reject the whole request, never truncate."""
     if total > max_members:
         raise MembershipRejected("max_members_per_group")
+
+
+def _check_e2ee_size(total: int, e2ee_max_members: int) -> None:
+    """Spec 22.1: an E2EE group never exceeds ``e2ee_max_members`` and never falls back."""
+    if total > e2ee_max_members:
+        raise MembershipRejected(E2EE_MEMBER_LIMIT)
 
 
 def _hints(users: list[str], hints: Mapping[str, str] | None) -> tuple[str, ...]:

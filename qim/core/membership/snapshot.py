@@ -45,8 +45,8 @@ class RowSnap(msgspec.Struct, array_like=True, frozen=True):
 
 
 class GroupSnap(msgspec.Struct, array_like=True, frozen=True):
-    """One group: counters plus rows sorted by user id; ``dissolved`` trails with a default,
-    so a checkpoint written before it existed still decodes."""
+    """One group: counters plus rows sorted by user id; ``dissolved`` and ``e2ee`` trail with
+    defaults, so a checkpoint written before they existed still decodes."""
 
     tenant_id: str
     group_id: str
@@ -55,6 +55,7 @@ class GroupSnap(msgspec.Struct, array_like=True, frozen=True):
     updated_at: int
     rows: tuple[RowSnap, ...]
     dissolved: bool = False
+    e2ee: bool = False
 
 
 class StateSnap(msgspec.Struct, array_like=True, frozen=True):
@@ -79,6 +80,7 @@ def snap_group(group: GroupState) -> GroupSnap:
         group.updated_at,
         rows,
         group.dissolved,
+        group.e2ee,
     )
 
 
@@ -88,6 +90,7 @@ def restore_group(snap: GroupSnap, shard_of: Callable[[str], int]) -> GroupState
     group.next_slot = snap.next_slot
     group.updated_at = snap.updated_at
     group.dissolved = snap.dissolved
+    group.e2ee = snap.e2ee
     for row in snap.rows:
         group.rows[row.user_id] = _row_of(row, shard_of(row.user_id))
     group.reindex()

@@ -96,6 +96,9 @@ class GroupMembership:
             raise MembershipLogError(f"unknown membership action {record.action!r}")
         if group.dissolved:
             raise MembershipLogError(f"{record.action} after the dissolve of {key!r}")
+        if record.e2ee:
+            # spec 22.1: fixed at creation; no later record sets (or clears) it
+            raise MembershipLogError(f"only a create carries e2ee: {record}")
         if record.action in _CHANGES_ROLES:
             return self._publish(group, record, _change_roles(group, record))
         _check_change(group, record)
@@ -117,12 +120,15 @@ class GroupMembership:
         chunks = self._pending.setdefault(key, {})
         if any(c.chunk_count != record.chunk_count for c in chunks.values()):
             raise MembershipLogError(f"create chunks of {key!r} disagree on chunk_count")
+        if any(c.e2ee != record.e2ee for c in chunks.values()):
+            raise MembershipLogError(f"create chunks of {key!r} disagree on e2ee")
         if not 0 <= record.chunk_index < record.chunk_count:
             raise MembershipLogError(f"create chunk index out of range: {record}")
         chunks.setdefault(record.chunk_index, record)
         if len(chunks) < record.chunk_count:
             return None
         group = GroupState(key[0], key[1], self.shard_of(key[0]))
+        group.e2ee = record.e2ee
         touched: set[int] = set()
         for index in range(record.chunk_count):
             chunk = chunks[index]
@@ -195,6 +201,11 @@ class GroupMembership:
         group = self._groups.get((tenant_id, conversation_id))
         row = None if group is None else group.rows.get(user_id)
         return row.role if row is not None and row.active else ""
+
+    def is_e2ee(self, tenant_id: str, conversation_id: str) -> bool:
+        """The group was created end-to-end encrypted (spec 22.1); False if no such group."""
+        group = self._groups.get((tenant_id, conversation_id))
+        return group is not None and group.e2ee
 
     def version(self, tenant_id: str, conversation_id: str) -> int:
         """Current membership_version; 0 = no such group."""

@@ -28,6 +28,11 @@ fold carries it, the device gets the silent ``badge`` task (decision: a muted me
 moves ``muted_unread`` / ``total_unread`` per ``include_muted_in_badge``, and 16.3 wants every
 badge change on the offline device; it never sounds or shows a banner).
 
+E2EE (16.7, 22.4 item 1): an alert for a message of an end-to-end encrypted conversation (the
+fold's ``e2ee`` conversations, from the shard's message facts, never from the body) is flagged
+``e2ee`` and carries :data:`E2EE_PUSH_PLACEHOLDER` as its text: no body, thumbnail or file
+name; the badge numbers are the same as for any alert.
+
 The second check for online devices (PUSHED / APPLIED evidence within ``push_grace_window``,
 CONN_CLOSED catch-up) is not planned here yet: an online device is trusted to its socket.
 """
@@ -43,6 +48,7 @@ from qim.schemas.frames.mailbox import SyncEntry
 from qim.schemas.records.notify import DeviceKey, DeviceTokenDigest, PushTask
 
 __all__ = [
+    "E2EE_PUSH_PLACEHOLDER",
     "MUTED",
     "Badge",
     "DigestCache",
@@ -51,6 +57,9 @@ __all__ = [
     "plan_push_tasks",
     "push_policy",
 ]
+
+E2EE_PUSH_PLACEHOLDER: Final = "You received a new message"
+"""22.4 item 1: the default push text of an E2EE conversation (a tenant text is not built)."""
 
 _MENTIONS = {
     MentionType.NONE: "NONE",
@@ -140,7 +149,8 @@ class UserFold:
     """What one committed fold did for one user: new entries, the badge, whether it changed.
 
     ``policies`` are ``(conversation_id, push_policy)`` of the entries' conversations whose
-    policy is not ``ALL`` (:func:`push_policy` of the user's UserConversationState)."""
+    policy is not ``ALL`` (:func:`push_policy` of the user's UserConversationState).
+    ``e2ee`` are the entries' conversations that are end-to-end encrypted (16.7)."""
 
     tenant_id: str
     user_id: str
@@ -148,6 +158,7 @@ class UserFold:
     badge: Badge
     badge_changed: bool
     policies: tuple[tuple[str, str], ...] = ()
+    e2ee: tuple[str, ...] = ()
 
 
 def _alerting(entry: SyncEntry, policies: Mapping[str, str]) -> bool:
@@ -178,6 +189,7 @@ def plan_push_tasks(
         if not targets:
             continue
         policies = dict(fold.policies)
+        encrypted = frozenset(fold.e2ee)
         alerts = sorted(
             (e for e in fold.entries if _alerting(e, policies)), key=lambda e: e.mailbox_seq
         )
@@ -197,7 +209,10 @@ def plan_push_tasks(
                         conversation_type=kinds.get(entry.conversation_id, "GROUP"),
                         counts_unread=True,
                         mention_type=_MENTIONS.get(entry.mention_type, "NONE"),
-                        preview_or_placeholder="",
+                        preview_or_placeholder=(
+                            E2EE_PUSH_PLACEHOLDER if entry.conversation_id in encrypted else ""
+                        ),
+                        e2ee=entry.conversation_id in encrypted,
                         total_unread=b.total_unread,
                         total_mention=b.total_mention,
                         muted_unread=b.muted_unread,

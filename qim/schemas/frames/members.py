@@ -22,10 +22,15 @@ class PullMembers(Body):
 
 
 class CreateGroup(Body):
-    """CREATE_GROUP (A.3 #21): ``member_ids`` are invitees; the creator comes from the session."""
+    """CREATE_GROUP (A.3 #21): ``member_ids`` are invitees; the creator comes from the session.
+
+    [ext] ``e2ee``: the group is end-to-end encrypted for its whole life (spec 22.1: fixed at
+    creation, at most ``e2ee_max_members``); omitted when false, so older peers are unaffected.
+    """
 
     group_id: str = ""
     member_ids: tuple[str, ...] = ()
+    e2ee: bool = False
 
 
 class LeaveGroup(Body):

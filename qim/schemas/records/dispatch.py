@@ -88,8 +88,11 @@ class GroupDispatch(
     non-sender saw them. ``preview_or_placeholder`` is the target's preview after the amend
     (:class:`~qim.schemas.records.outbox.MessageAmended`); on a message's dispatch it is empty,
     except for a custom type (spec 13.3): its writer-fixed placeholder with the
-    ``preview_template``, the session preview the shard keeps. ``target_conversation_seq`` of
-    a message's dispatch is an ``anchor_target`` custom message's target row.
+    ``preview_template``, the session preview the shard keeps, and an E2EE message (``e2ee``,
+    spec 22.3): the generic placeholder, so the shard never keeps a ciphertext prefix as the
+    preview. ``e2ee`` also tells the push planner to send the placeholder only (16.7).
+    ``target_conversation_seq`` of a message's dispatch is an ``anchor_target`` custom
+    message's target row.
     """
 
     tenant_id: str
@@ -126,6 +129,7 @@ class GroupDispatch(
     target_mention_targets: tuple[str, ...] = ()
     target_reply_to_sender_id: str = ""
     preview_or_placeholder: bytes = b""
+    e2ee: bool = False
 
     @property
     def key(self) -> bytes:

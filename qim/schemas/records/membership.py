@@ -17,6 +17,8 @@ Three records, three audiences (spec 7.9, 7.5, App. A.3 CREATE_GROUP / LEAVE_GRO
         "role":               str   set_role: the targets' new role; transfer: the
                                     previous owner's new role (omitted otherwise)
         "previous_owner":     str   transfer only: who was OWNER before
+        "e2ee":               bool  create only: the group is end-to-end encrypted
+                                    (spec 22.1; fixed at creation, omitted when false)
       }
 
 * :class:`MembershipCommitted` -- the outbox record (tag ``kind = "membership"``), the
@@ -155,6 +157,7 @@ class MembershipControl(_Body, kw_only=True, frozen=True):
     member_count: U32
     role: str = ""
     previous_owner: str = ""
+    e2ee: bool = False
 
 
 class MembershipCommitted(_Record, tag="membership", kw_only=True, frozen=True):
@@ -166,7 +169,9 @@ class MembershipCommitted(_Record, tag="membership", kw_only=True, frozen=True):
     and set_role; on a transfer ``targets`` is the new OWNER, ``previous_owner`` the old one and
     ``role`` what the old one becomes. A dissolve lists every member as ``targets``.
     ``display_hints`` is empty or parallel to ``targets``. ``member_count`` is the whole group's
-    count after the change (after the last chunk for a create).
+    count after the change (after the last chunk for a create). ``e2ee`` is set on every chunk
+    of an end-to-end encrypted group's create and on no other record: the flag is fixed when
+    the conversation is created (spec 22.1, B tenant-config ``e2ee_enabled``: irreversible).
     """
 
     tenant_id: str
@@ -186,6 +191,7 @@ class MembershipCommitted(_Record, tag="membership", kw_only=True, frozen=True):
     chunk_index: U32 = 0
     chunk_count: U32 = 1
     previous_owner: str = ""
+    e2ee: bool = False
 
 
 class MemberSliceRecord(_Record, tag="member_slice", kw_only=True, frozen=True):
@@ -260,6 +266,7 @@ def control_of(record: MembershipCommitted) -> MembershipControl:
         member_count=record.member_count,
         role=record.role if record.action in ROLE_ACTIONS else "",
         previous_owner=record.previous_owner,
+        e2ee=record.e2ee,
     )
 
 

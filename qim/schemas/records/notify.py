@@ -192,6 +192,9 @@ class PushTask(_Record, frozen=True):
     muted_unread: int = 0
     badge_projection_mailbox_seq: int = 0
     committed_at: int = 0
+    e2ee: bool = False
+    """An E2EE conversation's alert (16.7): placeholder text only, the client decrypts
+    (APNs ``mutable-content``, FCM data-only)."""
 
     @property
     def key(self) -> DeviceKey:

@@ -99,6 +99,11 @@ class MessageCommitted(
     a non-sender's entry flags (``EntryFlags``), ``anchor_mode`` is ``own_seq`` /
     ``anchor_target`` (the target is ``reply_to_conversation_seq``) / ``none``,
     ``schema_version`` the declared one (0 for non-custom types).
+
+    ``e2ee``: the conversation is end-to-end encrypted (spec 22.1, its creation flag): the
+    payload is client ciphertext, passed through untouched, and ``preview_or_placeholder`` is
+    the E2EE :class:`PreviewPlaceholder` (22.3), which the fanout ships to every shard so the
+    session preview is never a payload prefix.
     """
 
     tenant_id: str
@@ -126,6 +131,7 @@ class MessageCommitted(
     flags: U8 = MESSAGE_FLAGS
     anchor_mode: str = "own_seq"
     schema_version: U32 = 0
+    e2ee: bool = False
 
 
 class PreviewPlaceholder(
@@ -145,6 +151,9 @@ class PreviewPlaceholder(
     state: str = ""
     """``""`` for a message as sent; ``"recalled"`` / ``"edited"`` / ``"deleted"`` after an amend
     (spec 13.4.1 step 4: the preview becomes "message recalled")."""
+    e2ee: bool = False
+    """The message is end-to-end encrypted: the generic placeholder of spec 22.3 (clients
+    render "[Encrypted message]" or their own decrypted text); it holds no body fragment."""
 
 
 AmendAction: TypeAlias = Literal["recall", "edit", "delete"]

@@ -280,6 +280,8 @@ class AdminGroupRequest(_Record, tag="admin_group", kw_only=True, frozen=True):
     reply_to: AdminReplyTo | None = None
     as_member: bool = False
     role: str = ""
+    e2ee: bool = False
+    """``create`` only: an end-to-end encrypted group (spec 22.1, fixed at creation)."""
 
     @property
     def key(self) -> bytes:

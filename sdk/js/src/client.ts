@@ -583,9 +583,12 @@ export class QimClient {
     if (this.sessions.applyReadSync(conversationId, readConversationSeq)) this.emit({ type: 'sessions', conversationIds: [conversationId] });
   }
 
-  /** CREATE_GROUP -> MEMBER_LIST_BATCH: this user becomes the OWNER. */
-  async createGroup(groupId: string, memberIds: string[]): Promise<Body> {
-    return (await this.request('CREATE_GROUP', { group_id: groupId, member_ids: memberIds }, 'MEMBER_LIST_BATCH')).body;
+  /** CREATE_GROUP -> MEMBER_LIST_BATCH: this user becomes the OWNER. `e2ee` makes the group
+   * end-to-end encrypted for its whole life (spec 22.1; at most e2ee_max_members). */
+  async createGroup(groupId: string, memberIds: string[], options: { e2ee?: boolean } = {}): Promise<Body> {
+    const body: Body = { group_id: groupId, member_ids: memberIds };
+    if (options.e2ee) body.e2ee = true;
+    return (await this.request('CREATE_GROUP', body, 'MEMBER_LIST_BATCH')).body;
   }
 
   /** PULL_MEMBERS -> MEMBER_LIST_BATCH{members[]{user_id, role, ...}, next_offset, has_more}:

@@ -2019,6 +2019,11 @@ export const SCHEMA: SchemaTable = {
      "list": "s"
     },
     null
+   ],
+   [
+    "e2ee",
+    "bool",
+    false
    ]
   ],
   "LeaveGroup": [

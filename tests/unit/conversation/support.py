@@ -76,6 +76,7 @@ class Groups:
     versions: dict[tuple[str, str], int] = field(default_factory=dict)
     roles: dict[tuple[str, str, str], str] = field(default_factory=dict)
     """Overrides; a member without one is a MEMBER."""
+    e2ee: set[tuple[str, str]] = field(default_factory=set)
 
     def add(
         self,
@@ -85,9 +86,12 @@ class Groups:
         tenant: str = TENANT,
         count: int | None = None,
         version: int = 1,
+        e2ee: bool = False,
     ) -> str:
         key = (tenant, group_id)
         self.members[key] = set(users)
+        if e2ee:
+            self.e2ee.add(key)
         if count is not None:
             self.counts[key] = count
         self.versions[key] = version
@@ -107,6 +111,9 @@ class Groups:
         if not self.is_member(tenant_id, conversation_id, user_id):
             return ""
         return self.roles.get((tenant_id, conversation_id, user_id), "MEMBER")
+
+    def is_e2ee(self, tenant_id: str, conversation_id: str) -> bool:
+        return (tenant_id, conversation_id) in self.e2ee
 
 
 def send_request(

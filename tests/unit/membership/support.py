@@ -30,8 +30,11 @@ MAX_MEMBERS = 100_000
 class Harness:
     """Live state + outbox log + per-conversation seq counters."""
 
-    def __init__(self, *, shards: int = SHARDS, chunk_max_members: int = 4096) -> None:
+    def __init__(
+        self, *, shards: int = SHARDS, chunk_max_members: int = 4096, e2ee_max_members: int = 1000
+    ) -> None:
         self.shards = shards
+        self.e2ee_max_members = e2ee_max_members
         self.chunk = chunk_max_members
         self.state = GroupMembership(mailbox_shard_count=shards)
         self.log: list[MembershipCommitted] = []
@@ -68,7 +71,13 @@ class Harness:
         return seq
 
     def create(
-        self, tenant: str, group: str, creator: str, invitees: Iterable[str]
+        self,
+        tenant: str,
+        group: str,
+        creator: str,
+        invitees: Iterable[str],
+        *,
+        e2ee: bool = False,
     ) -> list[VersionPublished]:
         self.clock += 1
         records = create_group(
@@ -80,6 +89,8 @@ class Harness:
             committed_at=self.clock,
             max_members=MAX_MEMBERS,
             chunk_max_members=self.chunk,
+            e2ee=e2ee,
+            e2ee_max_members=self.e2ee_max_members,
         )
         return self._commit(records)
 
@@ -105,6 +116,7 @@ class Harness:
             max_members=MAX_MEMBERS,
             role=role,
             display_hints=hints,
+            e2ee_max_members=self.e2ee_max_members,
         )
         self._commit([record] if record else [])
         return record
