@@ -75,7 +75,7 @@ class Pushes:
 
     def __init__(self, stack: Stack, worker: FaustWorker, auth: AuthService) -> None:
         self.stack, self.worker, self.auth = stack, worker, auth
-        self.http = httpx.AsyncClient(timeout=30)
+        self.http = httpx.AsyncClient(timeout=90)  # a loaded box: generous
 
     async def register(self, tenant: str, user: str, device: str, **body: Any) -> None:
         access = await self.auth.issue_token(tenant, user, device)
