@@ -11,7 +11,8 @@ badge. The woken phone connects and ACCEPTs on the online path. A second call is
 unanswered, ends with ``cancel{timeout}`` for alice (the ring continues while the push is out:
 topology.md decision 34). The third call is over the quota: no push, and alice is answered
 ``cancel{reason=offline}``; a later call to dave (same NotificationService partition) is the
-positive barrier that nothing for bob's third call reached the stand-in. A callee whose device
+positive barrier that nothing for bob's third call reached the stand-in (dave's Android phone:
+an FCM high-priority data message). A callee whose device
 registered no ``voip`` capability is answered ``offline`` and pushed nothing. Afterwards bob's
 mailbox, session list and unread hold only the real messages.
 """
@@ -53,7 +54,7 @@ SETTINGS = Settings.load(
     env={},
 )
 BOB_ALERT, BOB_VOIP = "b1" * 32, "b2" * 32
-DAVE_ALERT, DAVE_VOIP = "d1" * 32, "d2" * 32
+DAVE_FCM = "dave-fcm-" + "d" * 40
 CAROL_ALERT = "c1" * 32
 
 
@@ -160,7 +161,7 @@ async def test_an_offline_callee_is_woken_by_one_voip_push_within_its_daily_quot
         carol = user_on(b, tenant, "carol-")
         await pushes.register(tenant, bob, "phone", token=BOB_ALERT, voip_token=BOB_VOIP,
                               capabilities=["voip"])  # fmt: skip
-        await pushes.register(tenant, dave, "phone", token=DAVE_ALERT, voip_token=DAVE_VOIP,
+        await pushes.register(tenant, dave, "android", provider="FCM", token=DAVE_FCM,
                               capabilities=["voip"])  # fmt: skip
         await pushes.register(tenant, carol, "phone", token=CAROL_ALERT)  # no voip capability
         clients: list[QimClient] = []
@@ -222,10 +223,15 @@ async def test_an_offline_callee_is_woken_by_one_voip_push_within_its_daily_quot
             over_before = await pushes.counter("notify_voip_pushes_total", result="over_quota")
             await caller.rtc_signal(direct, bob, "invite", "v3")
             await collect_until(caller, signal("v3", "cancel", "offline"), "v3 offline")
-            # barrier: a later call in the same NotificationService partition is pushed
+            # barrier: a later call in the same NotificationService partition is pushed, to
+            # dave's Android phone as an FCM high-priority data message (no notification)
             to_dave = caller.direct_conversation_id(dave)
             await caller.rtc_signal(to_dave, dave, "invite", "v4")
-            assert voip_calls(await pushes.wait_received(DAVE_VOIP, 1)) == ["v4"]
+            (fcm,) = await pushes.wait_received(DAVE_FCM, 1)
+            message = fcm["payload"]["message"]
+            assert message["android"] == {"priority": "high"} and "notification" not in message
+            assert (message["data"]["call_id"], message["data"]["type"]) == ("v4", "rtc_invite")
+            assert "badge" not in message["data"]
             assert voip_calls(await pushes.received(BOB_VOIP)) == ["v1", "v2"]
             assert (
                 await pushes.counter("notify_voip_pushes_total", result="over_quota")
