@@ -12,8 +12,9 @@ The thin shell over :class:`~qim.core.transient.RingTimers`. Both directions pas
   offline callee passes the same membership check before anything wakes a phone;
 * **incoming** (an :class:`~qim.schemas.records.transient.RtcRelay` on one of this node's
   shards): written to every live device of the target (13.5.1), DEGRADED ones skipped
-  (transient first, 11.3). An ``invite`` that reached a device starts ringing. An ``invite``
-  that reached none (13.5.2: the callee has no online device; this node owns the callee's
+  (transient first, 11.3). An ``invite`` that reached a device starts ringing; one that
+  reached none because every device is DEGRADED answers the caller ``cancel{offline}``. An
+  ``invite`` for a callee with no connection here (13.5.2: this node owns the callee's
   ConnectionShard, so its registry is the callee's every connection) becomes one ``voip``
   PushTask on ``qim.push-tasks`` for the NotificationService, which pushes the callee's
   VoIP-capable devices (APNs VoIP / FCM high priority, ``rtc_voip_push_daily_quota``), and
@@ -174,7 +175,7 @@ class RtcSignalling:
         signal, tenant, target = relay.signal, relay.tenant_id, relay.target_user_id
         written = self._deliver(tenant, target, signal)
         if signal.signal_type == "invite":
-            if written or self._voip_push(relay):
+            if written or (not self._online(tenant, target) and self._voip_push(relay)):
                 self.timers.invite(
                     tenant, signal.call_id, target,
                     caller=signal.from_user_id, caller_device=signal.from_device_id,
@@ -187,6 +188,16 @@ class RtcSignalling:
         return written
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _online(self, tenant: str, user: str) -> bool:
+        """Whether ``user`` has a connection here that is not closing: a DEGRADED one is
+        online (its transient frame was dropped, 11.3; the old ``offline`` answer stands), a
+        closing one is going away and its device is pushed."""
+        for slot in self._registry.devices(tenant, user).values():
+            conn, session = slot.conn, slot.conn.session
+            if session.grant is not None and not conn.closing and not session.closed:
+                return True
+        return False
 
     def _voip_push(self, relay: RtcRelay) -> bool:
         """Hand an invite for a callee with no online device to offline push (13.5.2); False
