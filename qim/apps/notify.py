@@ -6,12 +6,17 @@ whose changelogs are compacted topics (Faust's default for tables).
 
 * agent ``device_token_commands`` on ``qim.device-token-commands`` -> table ``device_tokens``
   (key (tenant, user, device) -> the DeviceToken with the token AES-GCM sealed) and the
-  compacted ``qim.device-token-digest`` (no token; tombstone on delete);
+  compacted ``qim.device-token-digest`` (no token; tombstone on delete), and the per-user
+  index ``user_devices`` ((tenant, user) -> the device ids with a token);
 * agent ``push_tasks`` on ``qim.push-tasks`` -> table ``push_device_state`` (per device: the
-  dedup set, last minute's sends, open merge windows) and the providers (APNs HTTP/2, FCM
-  HTTP v1); a timer turns ended merge windows into ``flush`` tasks on the same topic;
-  another sweeps ``device_tokens`` for tokens idle past ``push_token_inactive_days`` and
-  sends their ``inactive`` deletes to the command topic (16.6 GC).
+  dedup set, last minute's sends, open merge windows, the day's VoIP count) and the providers
+  (APNs HTTP/2, FCM HTTP v1). A ``voip`` task (13.5.2: an RTC invite for a callee with no
+  online device, from the callee's ConnectionNode) fans out through ``user_devices`` to the
+  callee's VoIP-capable devices under ``rtc_voip_push_daily_quota``; a call that woke none is
+  answered ``cancel{reason=offline}`` on ``qim.to-gateway``. A timer turns ended merge
+  windows into ``flush`` tasks on the same topic; another sweeps ``device_tokens`` for tokens
+  idle past ``push_token_inactive_days`` and sends their ``inactive`` deletes to the command
+  topic (16.6 GC).
 
 Pages: ``POST /v1/device-tokens`` and ``DELETE /v1/device-tokens/{device_id}/`` are the
 device-token management API (``qim.agents.notify.registration``); ``/notify`` is the
@@ -48,7 +53,7 @@ from qim.auth.service import AuthService
 from qim.core.notify.rules import PushPolicy
 from qim.params import Settings
 from qim.schemas.records.notify import DeviceKey
-from qim.streams.topics import DEVICE_TOKEN_COMMANDS, DEVICE_TOKEN_DIGEST, PUSH_TASKS
+from qim.streams.topics import DEVICE_TOKEN_COMMANDS, DEVICE_TOKEN_DIGEST, PUSH_TASKS, TO_GATEWAY
 
 app = make_app("qim-notify")
 log = logging.getLogger(__name__)
@@ -83,7 +88,10 @@ def _raw_table(name: str, help_text: str) -> Any:
 
 
 device_tokens = _raw_table("device_tokens", "DeviceToken per (tenant, user, device), sealed")
-push_device_state = _raw_table("push_device_state", "dedup / rate / merge state per device")
+push_device_state = _raw_table(
+    "push_device_state", "dedup / rate / merge state and the day's VoIP count per device"
+)
+user_devices = _raw_table("user_devices", "device ids with a stored token per (tenant, user)")
 
 
 def _now_ms() -> int:
@@ -124,6 +132,7 @@ def _policy() -> PushPolicy:
         push_retry_max_attempts=int(_settings.push_retry_max_attempts),
         push_quiet_hours=_settings.push_quiet_hours,
         push_token_inactive_days=int(_settings.push_token_inactive_days),
+        rtc_voip_push_daily_quota=int(_settings.rtc_voip_push_daily_quota),
     )
 
 
@@ -139,6 +148,8 @@ service = NotifyService(
     commands_topic=DEVICE_TOKEN_COMMANDS.name,
     digest_topic=DEVICE_TOKEN_DIGEST.name,
     push_topic=PUSH_TASKS.name,
+    user_devices=user_devices,
+    to_gateway_topic=TO_GATEWAY.name,
 )
 
 

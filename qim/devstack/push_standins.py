@@ -8,9 +8,11 @@ configuration.
   client trusts it through ``QIM_APNS_CA_FILE``), two listeners (production and sandbox).
   ``POST /3/device/<token>`` must carry a valid ES256 provider JWT (verified against the public
   half of the development .p8 key, ``kid`` and ``iss`` checked) and an ``apns-topic``;
-  ``apns-push-type`` must be ``alert`` or ``background``. Answers as Apple does: 200 with
-  ``apns-id``, else ``{"reason": ...}`` (403 InvalidProviderToken, 400 BadDeviceToken, 410
-  Unregistered, 429 TooManyRequests, 5xx InternalServerError / ServiceUnavailable).
+  ``apns-push-type`` must be ``alert``, ``background`` or ``voip``, and a ``voip`` push must
+  name the app's ``<bundle id>.voip`` topic (the others the bundle id). Answers as Apple
+  does: 200 with ``apns-id``, else ``{"reason": ...}`` (403 InvalidProviderToken, 400
+  BadDeviceToken, 410 Unregistered, 429 TooManyRequests, 5xx InternalServerError /
+  ServiceUnavailable).
 * **FCM**: HTTP/1.1 ``POST /v1/projects/<project>/messages:send`` with a bearer token that the
   stand-in's OAuth endpoint ``POST /token`` issued for a valid RS256 JWT-bearer assertion of
   the development service account. Errors in the v1 shape with an ``FcmError`` detail.
@@ -262,13 +264,15 @@ class _ApnsProtocol(asyncio.Protocol):
             status, reason = 404, "BadPath"
         elif problem := self._verify(headers):
             status, reason = 403, problem
-        elif headers.get("apns-topic") != APNS_TOPIC:
+        elif headers.get("apns-push-type") not in {"alert", "background", "voip"}:
+            status, reason = 400, "InvalidPushType"
+        elif headers.get("apns-topic") != (
+            f"{APNS_TOPIC}.voip" if headers.get("apns-push-type") == "voip" else APNS_TOPIC
+        ):  # as Apple: a VoIP push goes to the app's ".voip" topic, everything else to its id
             status, reason = (
                 400,
                 "DeviceTokenNotForTopic" if headers.get("apns-topic") else ("MissingTopic"),
             )
-        elif headers.get("apns-push-type") not in {"alert", "background", "voip"}:
-            status, reason = 400, "InvalidPushType"
         else:
             status = self.state.answer("APNS", token)
             reason = _REASONS.get(status, "") if status != 200 else ""

@@ -18,6 +18,7 @@ from qim.params import Settings
 from qim.schemas.frames import HEADER_SIZE, Limits
 from qim.streams.topics import (
     PREKEY_REQUESTS,
+    PUSH_TASKS,
     REVOCATIONS,
     ROOM_REQUESTS,
     TO_GATEWAY,
@@ -65,6 +66,9 @@ class GatewayConfig:
     mailbox_sync: bool = False
     user_requests_topic: str = USER_REQUESTS.name
     to_gateway_topic: str = TO_GATEWAY.name  # RTC: the server's own CANCEL to a caller (13.5.3)
+    # RTC 13.5.2: an invite for a callee with no online device becomes a ``voip`` PushTask for
+    # the NotificationService; "" = none runs: the caller is answered cancel{offline} at once
+    push_tasks_topic: str = PUSH_TASKS.name
     mailbox_sync_timeout_ms: int = 5_000  # no MailboxReply by then: ERROR{SHARD_MOVED} + close
     # a PULL_MAILBOX / PULL_SESSION_LIST with no MailboxReply by then: ERROR{SHARD_MOVED}
     mailbox_request_timeout_ms: int = 10_000

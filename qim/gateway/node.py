@@ -163,6 +163,8 @@ class ConnectionNode:
                 self.registry, self.directory, self.router.forwarder,
                 topic=config.to_gateway_topic, shard_of=self.logins.shard_of,
                 ring_timeout_ms=int(config.settings.rtc_ring_timeout), clock_ms=clock_ms,
+                push_topic=config.push_tasks_topic,
+                push_partition_of=_user_shard(config),
             )  # fmt: skip
             self.router.rtc = self.rtc
         if frame_handler is None and self.router is not None:
@@ -427,3 +429,14 @@ class ConnectionNode:
             await asyncio.sleep(period)
             for _tenant, _user, _device, slot in list(self.registry):
                 self.logins.publish(slot.conn)
+
+
+def _user_shard(config: GatewayConfig) -> Callable[[PresenceKey], int]:
+    """A (tenant, user, device) key's partition: the user's mailbox shard (push tasks)."""
+    buckets = int(config.settings.virtual_bucket_count)
+    shards = int(config.settings.mailbox_shard_count)
+
+    def partition(key: PresenceKey) -> int:
+        return key.partition(virtual_bucket_count=buckets, mailbox_shard_count=shards)
+
+    return partition

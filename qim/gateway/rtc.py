@@ -6,17 +6,24 @@ The thin shell over :class:`~qim.core.transient.RingTimers`. Both directions pas
   and a ``call_id`` and carry a known ``signal_type`` (else PERMISSION_DENIED naming why);
   the payload size was checked by the codec (``rtc_signal_max_bytes``). A callee device's
   ``accept`` / ``reject`` / ``busy`` stops this node's ring timer for the call and cancels the
-  user's other devices here (``answered_elsewhere`` / ``rejected_elsewhere``). When the
-  PresenceDirectory shows no online device of the target, the caller gets at once
-  ``RTC_SIGNAL{signal_type=cancel, reason=offline}`` with the request's request_id, and
-  nothing is forwarded (13.5.2's VoIP / FCM-high push is not built yet: that is the clear
-  answer until it is). Otherwise the router sends it to the ConversationWriter, which checks
-  both users' membership and relays it to the target's ConnectionShard;
+  user's other devices here (``answered_elsewhere`` / ``rejected_elsewhere``). Then the router
+  sends it to the ConversationWriter, which checks both users' membership and relays it to the
+  target's ConnectionShard -- also when the target has no online device, so a call to an
+  offline callee passes the same membership check before anything wakes a phone;
 * **incoming** (an :class:`~qim.schemas.records.transient.RtcRelay` on one of this node's
   shards): written to every live device of the target (13.5.1), DEGRADED ones skipped
-  (transient first, 11.3). An ``invite`` that reached a device starts ringing; one that reached
-  none (the directory was behind) answers the caller ``cancel{reason=offline}``. The caller's
-  ``cancel`` / ``bye`` stops the ringing;
+  (transient first, 11.3). An ``invite`` that reached a device starts ringing; one that
+  reached none because every device is DEGRADED answers the caller ``cancel{offline}``. An
+  ``invite`` for a callee with no connection here (13.5.2: this node owns the callee's
+  ConnectionShard, so its registry is the callee's every connection) becomes one ``voip``
+  PushTask on ``qim.push-tasks`` for the NotificationService, which pushes the callee's
+  VoIP-capable devices (APNs VoIP / FCM high priority, ``rtc_voip_push_daily_quota``), and
+  the ring timer starts as if it rang: the caller hears nothing at once, the woken device
+  answers on the online path, and ``rtc_ring_timeout`` cancels an unanswered call. When no
+  device could be pushed (none registered ``voip``, all over the quota) the service answers
+  the caller ``cancel{reason=offline}`` and stops this timer the same way (topology.md
+  decision 34). Without a push topic (a node with no NotificationService) the caller is
+  answered ``offline`` at once, as before. The caller's ``cancel`` / ``bye`` stops the ringing;
 * **timeout**: past ``rtc_ring_timeout`` the callee's devices get ``cancel{reason=timeout}``
   and so does the caller, through ``qim.to-gateway`` at the caller's ConnectionShard.
 
@@ -32,12 +39,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from qim.core.notify.voip import voip_task
 from qim.core.push import FlowState
 from qim.core.transient import RingTimers, answer_reason
 from qim.gateway.actions import Send
 from qim.gateway.devices import DeviceRegistry
 from qim.schemas.frames import Error, ErrorCode, Frame
 from qim.schemas.frames.rtc import SIGNAL_TYPES, RtcSignal, RtcSignalDown
+from qim.schemas.records.notify import DeviceKey, encode
 from qim.schemas.records.transient import RtcRelay, encode_transient
 
 if TYPE_CHECKING:
@@ -67,6 +76,13 @@ class _Outgoing:
         return self.relay.partition
 
 
+@dataclass(frozen=True, slots=True)
+class _PushTaskOut:
+    key: bytes
+    value: bytes
+    partition: int
+
+
 class RtcSignalling:
     """This node's half of RTC signalling; ``start()`` / ``stop()`` run the ring clock."""
 
@@ -81,6 +97,8 @@ class RtcSignalling:
         ring_timeout_ms: int,
         clock_ms: Callable[[], int],
         tick_s: float = 0.25,
+        push_topic: str = "",
+        push_partition_of: Callable[[DeviceKey], int] | None = None,
     ) -> None:
         self._registry = registry
         self._directory = directory
@@ -89,6 +107,9 @@ class RtcSignalling:
         self._shard_of = shard_of
         self._clock_ms = clock_ms
         self._tick_s = tick_s
+        self._push_topic = push_topic
+        self._push_partition_of = push_partition_of
+        self.voip_handed = 0  # invites handed to offline push (13.5.2)
         self.timers = RingTimers(ring_timeout_ms)
         self._task: asyncio.Task[None] | None = None
 
@@ -130,6 +151,8 @@ class RtcSignalling:
                 reason=reason,
             )
             self._deliver(tenant, user, cancel, skip_device=grant.device_id)
+        if self._push_topic:
+            return False  # an offline callee is pushed by its node (module doc)
         directory = self._directory
         if directory is not None and directory.ready.is_set():
             now = self._clock_ms()
@@ -152,7 +175,7 @@ class RtcSignalling:
         signal, tenant, target = relay.signal, relay.tenant_id, relay.target_user_id
         written = self._deliver(tenant, target, signal)
         if signal.signal_type == "invite":
-            if written:
+            if written or (not self._online(tenant, target) and self._voip_push(relay)):
                 self.timers.invite(
                     tenant, signal.call_id, target,
                     caller=signal.from_user_id, caller_device=signal.from_device_id,
@@ -165,6 +188,41 @@ class RtcSignalling:
         return written
 
     # -- internals ------------------------------------------------------------------------------
+
+    def _online(self, tenant: str, user: str) -> bool:
+        """Whether ``user`` has a connection here that is not closing: a DEGRADED one is
+        online (its transient frame was dropped, 11.3; the old ``offline`` answer stands), a
+        closing one is going away and its device is pushed."""
+        for slot in self._registry.devices(tenant, user).values():
+            conn, session = slot.conn, slot.conn.session
+            if session.grant is not None and not conn.closing and not session.closed:
+                return True
+        return False
+
+    def _voip_push(self, relay: RtcRelay) -> bool:
+        """Hand an invite for a callee with no online device to offline push (13.5.2); False
+        when this node has no push topic or its request queue is full."""
+        if not self._push_topic or self._push_partition_of is None:
+            return False
+        signal = relay.signal
+        task = voip_task(
+            relay.tenant_id,
+            relay.target_user_id,
+            signal,
+            caller_connection_shard=self._shard_of(relay.tenant_id, signal.from_user_id),
+            callee_connection_shard=relay.connection_shard,
+        )
+        outgoing = _PushTaskOut(task.key.encode(), encode(task), self._push_partition_of(task.key))
+
+        def produced(exc: BaseException | None) -> None:
+            if exc is not None:
+                log.warning("VoIP PushTask for %s not produced: %r", relay.target_user_id, exc)
+
+        if not self._forwarder.submit(outgoing, produced, topic=self._push_topic):
+            log.warning("VoIP PushTask for %s dropped: request queue full", relay.target_user_id)
+            return False
+        self.voip_handed += 1
+        return True
 
     def _deliver(
         self, tenant: str, user: str, signal: RtcSignalDown, *, skip_device: str = ""

@@ -102,7 +102,8 @@ TO_GATEWAY = TopicSpec(
     cleanup="delete",
     retention_ms=HOUR_MS,
     producer="ConversationWriter, MailboxNode, key worker (prekey replies, low-water notices), "
-    "ConnectionNode (RTC ring timeout cancels)",
+    "ConnectionNode (RTC ring timeout cancels), NotificationService (RTC cancel{offline} when "
+    "no device of an offline callee could be pushed)",
     consumer="ConnectionNode owning the ConnectionShard",
 )
 
@@ -164,7 +165,8 @@ PUSH_TASKS = TopicSpec(
     cleanup="delete",
     retention_ms=HOUR_MS,
     producer="MailboxNode (after materialization, per offline device), NotificationService "
-    "(merge-window flush ticks)",
+    "(merge-window flush ticks), ConnectionNode (RTC: one `voip` task per invite to a callee "
+    "with no online device, key (tenant, user, '*'))",
     consumer="NotificationService (`push_tasks` agent)",
 )
 PREKEY_REQUESTS = TopicSpec(

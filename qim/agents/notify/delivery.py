@@ -16,11 +16,12 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 
 from qim.agents.notify.providers import Notification, ProviderResult, PushProvider
-from qim.agents.notify.sealing import SealError, TokenSealer
+from qim.agents.notify.sealing import SealError, TokenSealer, voip_aad
 from qim.core.notify.rules import Outcome, Send, classify, retry_delay_ms
+from qim.core.notify.voip import voip_fields
 from qim.schemas.records.notify import DeviceToken, PushTask
 
-__all__ = ["Delivery", "deliver", "notification_for"]
+__all__ = ["Delivery", "deliver", "notification_for", "voip_notification"]
 
 Sleep = Callable[[float], Awaitable[None]]
 
@@ -69,6 +70,19 @@ def notification_for(send: Send, task: PushTask | None) -> Notification:
     )
 
 
+def voip_notification(task: PushTask) -> Notification:
+    """A call's VoIP push (13.5.2): the call's fields, no alert text, no badge."""
+    return Notification(
+        silent=False,
+        title="",
+        body="",
+        badge=0,
+        collapse_id="",
+        custom=dict(voip_fields(task)),
+        voip=True,
+    )
+
+
 async def deliver(
     token: DeviceToken,
     note: Notification,
@@ -78,12 +92,17 @@ async def deliver(
     max_attempts: int,
     sleep: Sleep = asyncio.sleep,
 ) -> Delivery:
-    """Send ``note`` to the device of ``token``; retry 5xx / timeouts, report the verdict."""
+    """Send ``note`` to the device of ``token``; retry 5xx / timeouts, report the verdict.
+
+    A VoIP note goes to an APNs device's PushKit token, to an FCM device's one token."""
     provider = providers.get(token.provider)
     if provider is None:
         return Delivery("failed", 0, ProviderResult(None, "provider_not_configured"))
     try:
-        plain = sealer.open(token.sealed_token, token.key.encode())
+        if note.voip and token.provider == "APNS":
+            plain = sealer.open(token.sealed_voip_token, voip_aad(token.key))
+        else:
+            plain = sealer.open(token.sealed_token, token.key.encode())
     except SealError:
         return Delivery("failed", 0, ProviderResult(None, "token_does_not_open"))
     attempts = 0

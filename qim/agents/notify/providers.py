@@ -10,7 +10,9 @@ account's ``token_uri``); the local stack points them at the stand-ins of
 key id, claims ``iss`` = team id and ``iat``; refreshed every 40 minutes (Apple refuses one
 older than an hour and throttles refreshes more often than every 20). Headers ``apns-topic``
 (the bundle id), ``apns-push-type`` (``alert`` or ``background`` for a silent badge update),
-``apns-priority`` (10 / 5), ``apns-collapse-id`` (16.2.3) and ``apns-expiration``. A device
+``apns-priority`` (10 / 5), ``apns-collapse-id`` (16.2.3) and ``apns-expiration``; a call's
+VoIP push (13.5.2) is ``apns-push-type: voip``, priority 10, to the PushKit token on the
+``<topic>.voip`` topic. A device
 registered with ``bundle_env=sandbox`` goes to the sandbox endpoint, production to production
 (16.6: mixing them fails every delivery). Errors are ``{"reason": ...}``.
 
@@ -67,6 +69,10 @@ class Notification:
     """16.7 / 22.4 item 4: an E2EE alert goes to Android as a data-only message (the client
     builds the notification after decrypting); APNs keeps the placeholder alert with
     ``mutable-content`` (item 3), which every alert already has."""
+    voip: bool = False
+    """An incoming call (13.5.2): APNs ``apns-push-type: voip`` at priority 10 on the
+    ``<topic>.voip`` topic (PushKit), FCM a high-priority data-only message; no badge, no
+    alert, the call's fields only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,6 +151,8 @@ class ApnsProvider:
         return self._jwt
 
     def payload(self, note: Notification) -> dict[str, Any]:
+        if note.voip:  # PushKit hands the whole dictionary to the app; no badge, no alert
+            return {"aps": {}, **dict(note.custom)}
         aps: dict[str, Any] = {"badge": note.badge}
         if note.silent:
             aps["content-available"] = 1
@@ -158,12 +166,13 @@ class ApnsProvider:
 
     async def send(self, token: str, bundle_env: str, note: Notification) -> ProviderResult:
         base = self.config.sandbox_url if bundle_env == "sandbox" else self.config.production_url
+        push_type = "voip" if note.voip else "background" if note.silent else "alert"
         headers = {
             "authorization": f"bearer {self.bearer()}",
-            "apns-topic": self.config.topic,
-            "apns-push-type": "background" if note.silent else "alert",
-            "apns-priority": "5" if note.silent else "10",
-            "apns-expiration": "0",
+            "apns-topic": f"{self.config.topic}.voip" if note.voip else self.config.topic,
+            "apns-push-type": push_type,
+            "apns-priority": "5" if note.silent and not note.voip else "10",
+            "apns-expiration": "0",  # a call (or a badge) later than now is worth nothing
         }
         if note.collapse_id:
             headers["apns-collapse-id"] = note.collapse_id
@@ -253,6 +262,8 @@ class FcmProvider:
 
     def message(self, token: str, note: Notification) -> dict[str, Any]:
         data = {k: str(v) for k, v in note.custom.items()}
+        if note.voip:  # a call: high priority, data only (the app shows its call screen)
+            return {"message": {"token": token, "data": data, "android": {"priority": "high"}}}
         data["badge"] = str(note.badge)
         android: dict[str, Any] = {"priority": "normal" if note.silent else "high"}
         if note.collapse_id:

@@ -2,7 +2,8 @@
 
 ``POST /v1/device-tokens`` with ``Authorization: Bearer <access_token>`` and a JSON body
 ``{device_id, session_epoch, provider, token, bundle_env?, client_platform?, app_version?,
-locale?, timezone?, capabilities?, client_version?, request_id?}``; ``DELETE
+locale?, timezone?, capabilities?, voip_token?, client_version?, request_id?}`` (``voip_token``:
+an APNs device's PushKit token, required with the ``voip`` capability, 13.5.2); ``DELETE
 /v1/device-tokens/<device_id>?session_epoch=..`` the same way.
 
 "After AUTH, the same device_id as the current connection" (16.6) is checked, not trusted:
@@ -27,7 +28,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from qim.agents.notify.sealing import TokenSealer
+from qim.agents.notify.sealing import TokenSealer, voip_aad
 from qim.auth.errors import AuthError
 from qim.auth.service import AuthService
 from qim.core.notify.registration import Refusal, validate_registration
@@ -159,6 +160,12 @@ class RegistrationApi:
             locale=reg.locale,
             timezone=reg.timezone,
             capabilities=reg.capabilities,
+            sealed_voip_token=(
+                self.sealer.seal(reg.voip_token, voip_aad(key)) if reg.voip_token else b""
+            ),
+            voip_token_fingerprint=(
+                self.sealer.fingerprint(reg.voip_token) if reg.voip_token else ""
+            ),
             at_ms=self.now_ms(),
         )
         await self.produce(key.encode(), encode(command), self.partition_of(key))

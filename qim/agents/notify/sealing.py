@@ -31,7 +31,9 @@ from typing import Final
 
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-__all__ = ["ENV_KEYS", "ENV_KEYS_FILE", "SealError", "TokenSealer", "load_sealer"]
+from qim.schemas.records.notify import DeviceKey
+
+__all__ = ["ENV_KEYS", "ENV_KEYS_FILE", "SealError", "TokenSealer", "load_sealer", "voip_aad"]
 
 ENV_KEYS: Final = "QIM_PUSH_TOKEN_KEYS"
 ENV_KEYS_FILE: Final = "QIM_PUSH_TOKEN_KEYS_FILE"
@@ -95,6 +97,12 @@ class TokenSealer:
             return AESGCM(key).decrypt(rest[:12], rest[12:], aad).decode()
         except Exception as exc:  # cryptography raises InvalidTag
             raise SealError("sealed token does not open") from exc
+
+
+def voip_aad(key: DeviceKey) -> bytes:
+    """The associated data a device's VoIP token is sealed with: its key and a label, so a
+    sealed VoIP token never opens as the device's alert token or the other way round."""
+    return key.encode() + b"/voip"
 
 
 def _dev_keys(path: Path) -> str:

@@ -34,7 +34,7 @@ from typing import Any
 import msgspec
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from qim.agents.notify.delivery import Delivery, deliver, notification_for
+from qim.agents.notify.delivery import Delivery, deliver, notification_for, voip_notification
 from qim.agents.notify.providers import PushProvider
 from qim.agents.notify.sealing import TokenSealer
 from qim.core.notify.rules import DeviceState, PushPolicy, Send, admit, flush_due, next_flush_at
@@ -44,6 +44,8 @@ from qim.core.notify.tokens import (
     should_record_success,
     token_inactive,
 )
+from qim.core.notify.voip import VoipVerdict, admit_voip, voip_devices
+from qim.schemas.frames.rtc import RtcSignalDown
 from qim.schemas.records.notify import (
     DeviceKey,
     DeviceToken,
@@ -54,9 +56,13 @@ from qim.schemas.records.notify import (
     decode_command,
     decode_device_token,
     decode_push_task,
+    decode_user_devices,
     digest_of,
     encode,
+    encode_user_devices,
+    user_devices_key,
 )
+from qim.schemas.records.transient import RtcRelay, encode_transient
 
 __all__ = ["NotifyService", "decode_state", "encode_state"]
 
@@ -96,6 +102,11 @@ class NotifyService:
     """device key -> (partition, when its earliest merge window ends)."""
     inflight: set[asyncio.Task[None]] = field(default_factory=set)
     last_task: dict[bytes, PushTask] = field(default_factory=dict)
+    user_devices: MutableMapping[bytes, bytes] = field(default_factory=dict)
+    """(tenant, user) -> the device ids with a stored token (the ``user_devices`` table,
+    written by the command agent in the same partition): a ``voip`` task's fan-out."""
+    to_gateway_topic: str = ""
+    """Where a call that woke no device is answered ``cancel{reason=offline}`` (13.5.2)."""
 
     def __post_init__(self) -> None:
         self.commands = Counter(
@@ -128,6 +139,13 @@ class NotifyService:
             registry=self.registry,
         ).set_function(lambda: self._ratio("delete_token"))
         self.verdicts: dict[str, int] = {}
+        self.voip = Counter(
+            "notify_voip_pushes",
+            "A call's VoIP pushes (13.5.2), per device: pushed, duplicate (same call again), "
+            "over_quota (rtc_voip_push_daily_quota), and per call no_voip_device.",
+            ["result"],
+            registry=self.registry,
+        )
         self.pushes = Counter(
             "offline_push_attempts",
             "Pushes handed to a provider, by provider, kind and final verdict (24.1.8 "
@@ -183,17 +201,48 @@ class NotifyService:
             locale=cmd.locale,
             timezone=cmd.timezone,
             capabilities=cmd.capabilities,
+            sealed_voip_token=cmd.sealed_voip_token,
+            voip_token_fingerprint=cmd.voip_token_fingerprint,
             registered_at=cmd.at_ms,
             last_success_at=cmd.at_ms,
         )
         # The overwrite replaces the old token in the same write: one message never rings the
         # device twice through an old and a new token (16.6 refresh).
         self.tokens[key] = encode(token)
+        self._index(token.tenant_id, token.user_id, token.device_id, present=True)
         await self.send(self.digest_topic, key, encode(digest_of(token)), partition)
         self.commands.labels("register", "overwrite" if previous else "new").inc()
 
+    def _index(self, tenant_id: str, user_id: str, device_id: str, *, present: bool) -> None:
+        ikey = user_devices_key(tenant_id, user_id)
+        devices = set(decode_user_devices(self.user_devices.get(ikey)))
+        if (device_id in devices) == present:
+            return
+        if present:
+            devices.add(device_id)
+        else:
+            devices.discard(device_id)
+        if devices:
+            self.user_devices[ikey] = encode_user_devices(tuple(devices))
+        elif ikey in self.user_devices:
+            del self.user_devices[ikey]
+
     async def _delete(self, key: bytes, cmd: DeviceTokenDelete, partition: int) -> None:
         stored = decode_device_token(self.tokens.get(key))
+        if cmd.scope == "voip":  # APNs refused the PushKit token: only it goes (13.5.2)
+            if stored is None or stored.voip_token_fingerprint != cmd.token_fingerprint:
+                self.commands.labels("delete_voip", "kept_newer_token").inc()
+                return
+            kept = msgspec.structs.replace(
+                stored,
+                sealed_voip_token=b"",
+                voip_token_fingerprint="",
+                capabilities=tuple(c for c in stored.capabilities if c != "voip"),
+            )
+            self.tokens[key] = encode(kept)
+            await self.send(self.digest_topic, key, encode(digest_of(kept)), partition)
+            self.commands.labels("delete_voip", "deleted").inc()
+            return
         if (
             stored is not None
             and cmd.token_fingerprint
@@ -212,6 +261,8 @@ class NotifyService:
             return
         if stored is not None:
             del self.tokens[key]
+        dev = DeviceKey.decode(key)
+        self._index(dev.tenant_id, dev.user_id, dev.device_id, present=False)
         await self.send(self.digest_topic, key, None, partition)
         self.commands.labels("delete", cmd.reason.split(" ", 1)[0] or "client").inc()
 
@@ -235,6 +286,9 @@ class NotifyService:
                 raise ValueError("record key does not match the task")
         except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
             self.tasks.labels("undecodable").inc()
+            return
+        if task.kind == "voip":
+            await self._voip(task, partition)
             return
         token = decode_device_token(self.tokens.get(key))
         if token is None:
@@ -314,6 +368,108 @@ class NotifyService:
                 at_ms=self.now_ms(),
             )
             await self.send(self.commands_topic, key, encode(delete), partition)
+
+    # -- a call for a callee with no online device (13.5.2) -----------------------------------
+
+    async def _voip(self, task: PushTask, partition: int) -> None:
+        """Fan a ``voip`` task out to the callee's VoIP-capable devices (each: dedup, the
+        daily quota, then the push); a call that woke nothing is answered ``offline``."""
+        self.tasks.labels("voip").inc()
+        devices = decode_user_devices(
+            self.user_devices.get(user_devices_key(task.tenant_id, task.user_id))
+        )
+        stored = (
+            decode_device_token(
+                self.tokens.get(DeviceKey(task.tenant_id, task.user_id, d).encode())
+            )
+            for d in devices
+        )
+        targets = voip_devices(t for t in stored if t is not None)
+        now = self.now_ms()
+        verdicts: list[VoipVerdict] = []
+        for token in targets:
+            key = token.key.encode()
+            state, verdict = admit_voip(
+                self._state(key),
+                token_fingerprint=token.token_fingerprint,
+                call_id=task.call_id,
+                now_ms=now,
+                policy=self.policy,
+            )
+            self._save(key, state, partition)  # before the push: a replay is a duplicate
+            self.voip.labels(verdict).inc()
+            verdicts.append(verdict)
+            if verdict == "push":
+                self._spawn_voip(key, token, task, partition)
+        if not targets:
+            self.voip.labels("no_voip_device").inc()
+        if not any(v in ("push", "duplicate") for v in verdicts):
+            await self._call_unreachable(task)
+
+    async def _call_unreachable(self, task: PushTask) -> None:
+        """``cancel{reason=offline}`` to the caller and to the callee's node (which started
+        the ring timer when it handed the call over): nothing could ring."""
+        if not self.to_gateway_topic:
+            return
+        ends = (
+            (task.caller_user_id, task.caller_connection_shard, task.user_id, ""),
+            (task.user_id, task.callee_connection_shard, task.caller_user_id,
+             task.caller_device_id),
+        )  # fmt: skip
+        for target, shard, sender, sender_device in ends:
+            relay = RtcRelay(
+                tenant_id=task.tenant_id,
+                target_user_id=target,
+                connection_shard=shard,
+                signal=RtcSignalDown(
+                    conversation_id=task.conversation_id,
+                    from_user_id=sender,
+                    from_device_id=sender_device,
+                    call_id=task.call_id,
+                    signal_type="cancel",
+                    reason="offline",
+                ),
+            )
+            await self.send(self.to_gateway_topic, relay.key, encode_transient(relay), shard)
+
+    def _spawn_voip(self, key: bytes, token: DeviceToken, task: PushTask, partition: int) -> None:
+        job = asyncio.get_running_loop().create_task(
+            self._deliver_voip(key, token, task, partition)
+        )
+        self.inflight.add(job)
+        job.add_done_callback(self.inflight.discard)
+
+    async def _deliver_voip(
+        self, key: bytes, token: DeviceToken, task: PushTask, partition: int
+    ) -> None:
+        try:
+            result = await deliver(
+                token,
+                voip_notification(task),
+                providers=self.providers,
+                sealer=self.sealer,
+                max_attempts=self.policy.push_retry_max_attempts,
+            )
+        except Exception:
+            log.exception("VoIP push delivery crashed")
+            self.pushes.labels(token.provider, "voip", "crashed").inc()
+            return
+        self.pushes.labels(token.provider, "voip", result.outcome).inc()
+        self.verdicts[result.outcome] = self.verdicts.get(result.outcome, 0) + 1
+        if result.outcome != "delete_token":
+            return
+        apns = token.provider == "APNS"  # the PushKit token died; FCM's one token did
+        delete = DeviceTokenDelete(
+            request_id=f"provider:voip:{task.call_id}",
+            tenant_id=token.tenant_id,
+            user_id=token.user_id,
+            device_id=token.device_id,
+            reason=f"{token.provider} {result.last.status} {result.last.reason}",
+            token_fingerprint=token.voip_token_fingerprint if apns else token.token_fingerprint,
+            scope="voip" if apns else "",
+            at_ms=self.now_ms(),
+        )
+        await self.send(self.commands_topic, key, encode(delete), partition)
 
     def inactive_sweep(self, now_ms: int) -> list[tuple[bytes, bytes]]:
         """(key, DeviceTokenDelete) of every token of this worker's partitions idle past

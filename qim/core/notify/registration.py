@@ -61,6 +61,9 @@ class Registration:
     locale: str
     timezone: str
     capabilities: tuple[str, ...]
+    voip_token: str = ""
+    """APNs only: the PushKit token a call's VoIP push goes to (13.5.2); required with the
+    ``voip`` capability. FCM devices take the high-priority call message on ``token``."""
 
 
 def _deny(detail: str, status: int = 403) -> Refusal:
@@ -117,6 +120,15 @@ def validate_registration(
         isinstance(c, str) and c in _CAPABILITIES for c in capabilities
     ):
         raise _deny("bad_capabilities", 400)
+    voip_token = body.get("voip_token", "")
+    if voip_token != "" and (
+        provider != "APNS"
+        or not isinstance(voip_token, str)
+        or not _APNS_TOKEN.fullmatch(voip_token)
+    ):
+        raise _deny("malformed_voip_token", 400)
+    if provider == "APNS" and "voip" in capabilities and not voip_token:
+        raise _deny("voip_token_required", 400)
     texts = {name: _text(body, name) for name in _TEXT_FIELDS}
     return Registration(
         tenant_id=tenant_id,
@@ -126,5 +138,6 @@ def validate_registration(
         token=token.lower() if provider == "APNS" else token,
         bundle_env=str(bundle_env),
         capabilities=tuple(sorted(set(capabilities))),
+        voip_token=str(voip_token).lower(),
         **texts,
     )

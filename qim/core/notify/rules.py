@@ -77,6 +77,7 @@ class PushPolicy:
     push_quiet_hours: QuietHours | None = None
     push_token_inactive_days: int = 90
     quiet_hours_mentions_break_through: bool = True
+    rtc_voip_push_daily_quota: int = 200
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +107,8 @@ class DeviceState:
     sent: tuple[tuple[str, int], ...] = ()  # (conversation_id, alert sent at), last minute
     windows: tuple[tuple[str, Window], ...] = ()  # conversation_id -> window
     quiet: Window | None = None  # alerts quieted until ``ends_at``; the latest badge numbers
+    voip_day: int = 0  # the UTC day (ms // DAY) ``voip_count`` counts (13.5.2 daily quota)
+    voip_count: int = 0  # VoIP pushes handed to the provider that day
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,16 @@ def quiet_until(quiet: QuietHours | None, timezone: str, now_ms: int) -> int | N
     return int(ends.timestamp() * 1000)
 
 
+def _rescope(state: DeviceState, token_fingerprint: str) -> DeviceState:
+    """A new token starts a fresh dedup / rate / merge state; the device's 13.5.2 VoIP count
+    of the day stays (the quota is per device: re-registering must not reset it)."""
+    if state.token_fingerprint == token_fingerprint:
+        return state
+    return DeviceState(
+        token_fingerprint=token_fingerprint, voip_day=state.voip_day, voip_count=state.voip_count
+    )
+
+
 def _prune(state: DeviceState, now_ms: int, policy: PushPolicy) -> DeviceState:
     seen = tuple((e, t) for e, t in state.seen if now_ms - t < policy.push_dedup_ttl)
     sent = tuple((c, t) for c, t in state.sent if now_ms - t < MINUTE_MS)
@@ -207,8 +220,7 @@ def admit(
 
     ``mention_type`` and ``timezone`` (the DeviceToken's) drive the quiet hours (module doc).
     """
-    if state.token_fingerprint != token_fingerprint:
-        state = DeviceState(token_fingerprint=token_fingerprint)
+    state = _rescope(state, token_fingerprint)
     state = _prune(state, now_ms, policy)
     if any(e == event_id for e, _ in state.seen):
         return state, []

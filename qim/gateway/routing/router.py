@@ -620,6 +620,12 @@ def build_router(
         "connection_shard_count",
         "ConnectionNode",
     )
+    if config.push_tasks_topic:  # RTC: a callee with no online device is pushed (13.5.2)
+        extra[config.push_tasks_topic] = (
+            int(settings.mailbox_shard_count),
+            "mailbox_shard_count",
+            "NotificationService",
+        )
     forwarder = RequestForwarder(
         producer,
         config.requests_topic,

@@ -31,11 +31,13 @@ from typing import Final, Literal
 
 import msgspec
 
+from qim.schemas.hashing import hash_input
 from qim.schemas.records.presence import PresenceKey
 
 __all__ = [
     "BUNDLE_ENVS",
     "PROVIDERS",
+    "VOIP_DEVICE",
     "BundleEnv",
     "DeviceKey",
     "DeviceToken",
@@ -50,8 +52,11 @@ __all__ = [
     "decode_device_token",
     "decode_digest",
     "decode_push_task",
+    "decode_user_devices",
     "digest_of",
     "encode",
+    "encode_user_devices",
+    "user_devices_key",
 ]
 
 Provider = Literal["APNS", "FCM", "HUAWEI", "XIAOMI", "OPPO", "VIVO", "WEBPUSH"]
@@ -60,8 +65,13 @@ PROVIDERS: Final[frozenset[str]] = frozenset(
 )
 BundleEnv = Literal["production", "sandbox"]
 BUNDLE_ENVS: Final[frozenset[str]] = frozenset({"production", "sandbox"})
-PushKind = Literal["alert", "badge"]
-"""``alert``: a notification (banner/sound) with the badge; ``badge``: silent badge-only."""
+PushKind = Literal["alert", "badge", "voip"]
+"""``alert``: a notification (banner/sound) with the badge; ``badge``: silent badge-only;
+``voip``: an incoming call (13.5.2), a high-priority VoIP / FCM-high push, no badge."""
+VOIP_DEVICE: Final = "*"
+"""The ``device_id`` of a ``voip`` PushTask: the callee's gateway knows no online device and
+no tokens, so the task names the user and the NotificationService expands it to the user's
+devices that registered the ``voip`` capability (13.5.2)."""
 
 
 DeviceKey = PresenceKey
@@ -94,6 +104,8 @@ class DeviceTokenCommand(_Record, frozen=True, tag_field="op", tag="register"):
     locale: str = ""
     timezone: str = ""
     capabilities: tuple[str, ...] = ()
+    sealed_voip_token: bytes = b""
+    voip_token_fingerprint: str = ""
     at_ms: int = 0
 
     @property
@@ -103,7 +115,9 @@ class DeviceTokenCommand(_Record, frozen=True, tag_field="op", tag="register"):
 
 class DeviceTokenDelete(_Record, frozen=True, tag_field="op", tag="delete"):
     """Delete a device's token. ``token_fingerprint`` set: only if the stored token is still
-    that one (a provider's 410 for an old token must not delete a newer registration)."""
+    that one (a provider's 410 for an old token must not delete a newer registration).
+    ``scope="voip"``: only the device's VoIP (PushKit) token goes, conditionally on
+    ``token_fingerprint`` being the stored ``voip_token_fingerprint``; its alert token stays."""
 
     request_id: str
     tenant_id: str
@@ -111,6 +125,7 @@ class DeviceTokenDelete(_Record, frozen=True, tag_field="op", tag="delete"):
     device_id: str
     reason: str
     token_fingerprint: str = ""
+    scope: str = ""
     at_ms: int = 0
 
     @property
@@ -149,6 +164,8 @@ class DeviceToken(_Record, frozen=True):
     locale: str = ""
     timezone: str = ""
     capabilities: tuple[str, ...] = ()
+    sealed_voip_token: bytes = b""
+    voip_token_fingerprint: str = ""
     registered_at: int = 0
     last_success_at: int = 0
     last_failure_code: str = ""
@@ -173,6 +190,13 @@ class PushTask(_Record, frozen=True):
     ``kind="badge"`` is a silent badge update (a read elsewhere, a badge reaching 0); it has no
     message and is never merged into an alert. ``committed_at`` is the message's commit time
     (materialized state never reads a wall clock).
+
+    ``kind="voip"`` (13.5.2) is an RTC ``invite`` for a callee with no online device, produced
+    by the callee's ConnectionNode with ``device_id`` = :data:`VOIP_DEVICE` and ``event_id``
+    ``rtc:<call_id>``; it carries the call (``call_id``, ``caller_user_id`` /
+    ``caller_device_id``, ``conversation_id``) and the two ConnectionShards the service answers
+    on when no device could be pushed (``caller_connection_shard``, ``callee_connection_shard``).
+    No badge numbers: a VoIP push never writes or shows a badge.
     """
 
     tenant_id: str
@@ -195,6 +219,11 @@ class PushTask(_Record, frozen=True):
     e2ee: bool = False
     """An E2EE conversation's alert (16.7): placeholder text only, the client decrypts
     (APNs ``mutable-content``, FCM data-only)."""
+    call_id: str = ""
+    caller_user_id: str = ""
+    caller_device_id: str = ""
+    caller_connection_shard: int = 0
+    callee_connection_shard: int = 0
 
     @property
     def key(self) -> DeviceKey:
@@ -240,3 +269,20 @@ def digest_of(token: DeviceToken) -> DeviceTokenDigest:
         bundle_env=token.bundle_env,
         bundle_env_valid=token.provider != "APNS" or token.bundle_env in BUNDLE_ENVS,
     )
+
+
+_USER_DEVICES: Final = msgspec.msgpack.Decoder(tuple[str, ...])
+
+
+def user_devices_key(tenant_id: str, user_id: str) -> bytes:
+    """The NotificationService's per-user index key (its ``user_devices`` table): the device
+    ids of a user with a stored token, so a ``voip`` PushTask finds them without a scan."""
+    return hash_input(tenant_id, user_id)
+
+
+def encode_user_devices(devices: tuple[str, ...]) -> bytes:
+    return _ENCODER.encode(tuple(sorted(set(devices))))
+
+
+def decode_user_devices(value: bytes | None) -> tuple[str, ...]:
+    return () if value is None else _USER_DEVICES.decode(value)

@@ -43,7 +43,7 @@ from qim.schemas.records.user_requests import (
     mailbox_partition,
 )
 from qim.schemas.routing import lane_id
-from qim.streams.topics import TO_GATEWAY, USER_REQUESTS
+from qim.streams.topics import PUSH_TASKS, TO_GATEWAY, USER_REQUESTS
 from tests.gateway_support import RawClient, WsClient
 
 SETTINGS = Settings.load(env={})
@@ -185,6 +185,8 @@ class SyncProducer:
         count = self.user_request_partitions if topic == USER_REQUESTS.name else 16
         if topic == TO_GATEWAY.name:  # RTC's server cancels (13.5.3) go there too
             count = int(Settings.load(env={}).connection_shard_count)
+        if topic == PUSH_TASKS.name:  # RTC: an offline callee's VoIP PushTask (13.5.2)
+            count = int(Settings.load(env={}).mailbox_shard_count)
         return set(range(count))
 
     async def send(

@@ -56,7 +56,7 @@ from qim.schemas.records.requests import (
     encode_record,
 )
 from qim.streams.producer import RecoveringProducer
-from qim.streams.topics import TO_GATEWAY
+from qim.streams.topics import PUSH_TASKS, TO_GATEWAY
 from tests.gateway_support import wait_until
 
 COUNT = 16
@@ -85,6 +85,8 @@ class FakeProducer:
     async def partitions_for(self, topic: str) -> set[int]:
         if topic == TO_GATEWAY.name:  # RTC's server cancels (13.5.3) go there too
             return set(range(int(Settings.load(env={}).connection_shard_count)))
+        if topic == PUSH_TASKS.name:  # RTC: an offline callee's VoIP PushTask (13.5.2)
+            return set(range(int(Settings.load(env={}).mailbox_shard_count)))
         return set(range(self.partitions))
 
     async def send(
