@@ -6,9 +6,10 @@ shards over. It must restore the checkpoint, read the dispatch log only from the
 position on (so records before it may have left retention), and end with the same session
 list, unread, pins, mutes, read positions and entries as before the wipe.
 
-The early records are not deleted from the suite's shared dispatch log (other tests replay and
-audit it); the proof that they were not needed is the new node's ``resumed_from``: it starts
-reading after every record of the first phase.
+Retention is simulated with the admin API: every record of the shard's partition before the
+tail is deleted (``DeleteRecords``), so a node without the checkpoint could not rebuild the first
+phase at all. (Modules after this one start their mailbox workers afresh, so they fold the
+partition from its new start, as their own replays do.)
 """
 
 from __future__ import annotations
@@ -20,8 +21,11 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 import pytest
+from aiokafka import TopicPartition
+from aiokafka.admin import AIOKafkaAdminClient, RecordsToDelete
 
 from qim.devstack.stack import Stack
+from qim.streams.topics import DISPATCH
 from qim.tables.mailbox_store import MailboxStore
 from tests.integration.mailbox_support import (
     Client,
@@ -134,6 +138,14 @@ async def test_a_wiped_shard_restores_its_checkpoint_and_replays_only_the_tail(
             await first.stop()
             first.worker.wipe_state()
             assert not store_path.exists()
+            tp = TopicPartition(DISPATCH.name, SHARD)
+            admin = AIOKafkaAdminClient(bootstrap_servers=stack.cfg.kafka.bootstrap)
+            await admin.start()
+            try:  # "retention": the first phase leaves the log
+                deleted = await admin.delete_records({tp: RecordsToDelete(phase1_end)})
+            finally:
+                await admin.close()
+            assert deleted[tp] == phase1_end
             second = Node(stack, workdir, env)
             await second.start()
             await second.serving()
