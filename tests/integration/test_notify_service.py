@@ -27,6 +27,8 @@ from redis.asyncio import Redis
 from qim.agents.notify.sealing import load_sealer
 from qim.auth.config import AuthConfig, load_keyring
 from qim.auth.service import AuthService
+from qim.bench.scenarios.push import PushParams, run_push
+from qim.bench.target import Target
 from qim.core.notify.rules import collapse_id
 from qim.core.notify.tokens import DAY_MS
 from qim.devstack.stack import Stack
@@ -418,6 +420,21 @@ async def test_a_token_idle_past_push_token_inactive_days_is_collected(harness: 
     await h.push("gina", "ipad", event_id="e1", mailbox_seq=1, conversation_id="c")
     [got] = await h.wait_received(fresh, 1)
     assert got["status"] == 200
+
+
+async def test_the_push_bench_scenario_runs_at_a_tiny_size(
+    stack: Stack, notify_worker: FaustWorker
+) -> None:
+    """``qim bench push`` against this stack: every PushTask becomes one push the stand-in
+    received, with a wake-up latency measured from its commit."""
+    params = PushParams(devices=4, rates=(20.0,), duration_s=1.0, drain_s=90.0)
+    result = await run_push(Target.from_stack(stack.cfg), params)
+    [row] = result.rows
+    assert (row["tasks"], row["pushed"], row["missing"]) == (20, 20, 0), row
+    assert row["tasks_per_s"] > 0
+    wakeup = row["wakeup_ms"]
+    assert wakeup["count"] == 20 and 0 <= wakeup["min"] <= wakeup["p99"] <= wakeup["max"]
+    assert "PushTasks/s" in result.to_markdown("now") and result.headline
 
 
 BURST_DEVICES = 60
