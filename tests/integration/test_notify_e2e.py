@@ -7,7 +7,8 @@ bob and carol send her messages. The phone is woken through the APNs stand-in wi
 of alice's UserBadgeState; the desktop gets the socket and never a push; a read on the desktop
 sends the phone a silent badge push of 0; a 410 deletes the phone's token and the digest
 tombstone reaches the MailboxNode. A conversation alice muted (16.4) wakes the phone with no
-alert, while its unread still counts and an unmuted conversation still alerts.
+alert, while its unread still counts and an unmuted conversation still alerts. An APNs outage
+(503s for the phone) changes nothing in what alice's devices read (16.9, AT-121).
 """
 
 from __future__ import annotations
