@@ -447,9 +447,11 @@ async def test_a_push_outage_changes_nothing_in_mailboxes_unread_or_the_session_
                 exhausted = [e for e, s in done[1].items() if 200 not in s]
                 if failed_now - failed_before == len(exhausted):
                     break
-            assert asyncio.get_running_loop().time() < deadline, got
+            summary = [(r["payload"].get("event_id"), r["status"]) for r in got]
+            assert asyncio.get_running_loop().time() < deadline, summary
             await asyncio.sleep(0.5)
         pushes, by_event = done
+        print(f"outage verdicts: {by_event}")
         assert sum(s.count(503) for s in by_event.values()) == OUTAGE_503S
         for statuses in by_event.values():  # a 200 ends a push: nothing after it
             assert statuses.count(200) <= 1 and statuses[-1] in (200, 503), statuses
