@@ -34,6 +34,7 @@ import os
 import time
 from typing import Any
 
+from faust import Table
 from faust.web import Request, Response, View
 from redis.asyncio import Redis
 
@@ -76,20 +77,52 @@ commands_topic = _raw_topic(DEVICE_TOKEN_COMMANDS.name)
 push_topic = _raw_topic(PUSH_TASKS.name)
 
 
-def _raw_table(name: str, help_text: str) -> Any:
-    return app.Table(
-        name,
-        partitions=PARTITIONS,
-        key_type=bytes,  # bytes -> Faust's "raw" serializer for the store and the changelog
-        value_type=bytes,
-        options=dict(ROCKSDB_OPTIONS),
-        help=help_text,
-    )
+class AckedTable(Table[Any, Any]):
+    """A Faust table that keeps the future of each key's latest changelog record, so a
+    caller can wait for Kafka's ack of a write (:meth:`written`) before acting on it."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        self.pending_writes: dict[Any, Any] = {}
+
+    def send_changelog(
+        self, partition: int | None, key: Any, value: Any, *a: Any, **kw: Any
+    ) -> Any:
+        fut = super().send_changelog(partition, key, value, *a, **kw)
+        self.pending_writes[key] = fut
+
+        def forget(done: Any, k: Any = key) -> None:
+            if self.pending_writes.get(k) is done:
+                del self.pending_writes[k]
+
+        fut.add_done_callback(forget)
+        return fut
+
+    async def written(self, key: Any) -> None:
+        """Back once the latest write of ``key`` is in Kafka (raises if it failed)."""
+        fut = self.pending_writes.get(key)
+        if fut is not None:
+            await fut
+
+
+def _raw_table(name: str, help_text: str, cls: type[Any] | None = None) -> Any:
+    kwargs: dict[str, Any] = {
+        "partitions": PARTITIONS,
+        "key_type": bytes,  # bytes -> Faust's "raw" serializer for the store and the changelog
+        "value_type": bytes,
+        "options": dict(ROCKSDB_OPTIONS),
+        "help": help_text,
+    }
+    if cls is None:
+        return app.Table(name, **kwargs)
+    return app.tables.add(cls(app, name=name, beacon=app.tables.beacon, **kwargs))
 
 
 device_tokens = _raw_table("device_tokens", "DeviceToken per (tenant, user, device), sealed")
 push_device_state = _raw_table(
-    "push_device_state", "dedup / rate / merge state and the day's VoIP count per device"
+    "push_device_state",
+    "dedup / rate / merge state and the day's VoIP count per device",
+    AckedTable,
 )
 user_devices = _raw_table("user_devices", "device ids with a stored token per (tenant, user)")
 
@@ -150,6 +183,8 @@ service = NotifyService(
     push_topic=PUSH_TASKS.name,
     user_devices=user_devices,
     to_gateway_topic=TO_GATEWAY.name,
+    durable=push_device_state.written,
+    max_inflight=int(os.environ.get("QIM_NOTIFY_MAX_INFLIGHT", "256")),
 )
 
 
@@ -184,7 +219,7 @@ async def _produce_command(key: bytes, value: bytes, partition: int) -> None:
 @app.task  # type: ignore[untyped-decorator]
 async def _start_providers() -> None:
     """Providers open HTTP clients on the worker's loop."""
-    service.providers = _providers()
+    service.set_providers(_providers())
 
 
 @app.agent(commands_topic)
@@ -201,9 +236,23 @@ async def push_tasks(stream: Any) -> None:
         await service.on_push_task(event.key, event.value, event.message.partition)
 
 
+class _Recovered:
+    """The active partitions whose open merge windows were re-learnt from the table."""
+
+    partitions: frozenset[Any] = frozenset()
+
+
 @app.timer(interval=0.5)  # type: ignore[untyped-decorator]
 async def flush_merge_windows() -> None:
-    """Ended merge windows become ``flush`` tasks in their device's partition."""
+    """Ended merge windows become ``flush`` tasks in their device's partition. After a
+    (re)assignment, once the tables are recovered, the windows open in them are re-learnt."""
+    if app.tables.recovery.completed.is_set():  # type: ignore[attr-defined]
+        actives = frozenset(app.assignor.assigned_actives())
+        if actives != _Recovered.partitions:
+            _Recovered.partitions = actives
+            found = service.recover_due(lambda k: _partition_of(DeviceKey.decode(k)))
+            if found:
+                log.info("re-learnt %d open merge windows from push_device_state", found)
     for key, partition, due in service.due_flushes(_now_ms()):
         service.due.pop(key, None)
         await _send(PUSH_TASKS.name, key, service.flush_task(key, due), partition)

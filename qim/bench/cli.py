@@ -1,4 +1,4 @@
-"""``qim bench quick|full|send|fanout|login|connections|rooms|presence|kafka-baseline|checkpoint``.
+"""``qim bench quick|full|send|fanout|login|connections|rooms|presence|push|checkpoint`` and more.
 
 Targets the local stack of ``qim up`` by default (``--run-dir`` for another stack folder,
 ``--url`` for another gateway). Each scenario writes ``<out>/<scenario>-<UTC>.json`` and a
@@ -25,6 +25,7 @@ from qim.bench.scenarios.connections import ConnectionsParams, run_connections
 from qim.bench.scenarios.fanout import FanoutParams, run_fanout
 from qim.bench.scenarios.login import LoginParams, run_login
 from qim.bench.scenarios.presence import PresenceParams, run_presence
+from qim.bench.scenarios.push import PushParams, run_push
 from qim.bench.scenarios.reactions import ReactionsParams, run_reactions
 from qim.bench.scenarios.rooms import RoomsParams, run_rooms
 from qim.bench.scenarios.send import SendParams, run_send
@@ -46,6 +47,7 @@ class Preset:
     baseline: tuple[BaselineSpec, ...]
     reactions: ReactionsParams
     presence: PresenceParams
+    push: PushParams
 
 
 QUICK = Preset(
@@ -56,6 +58,7 @@ QUICK = Preset(
     baseline=(BaselineSpec(count=5000, rate=None), BaselineSpec(count=1000, rate=100.0)),
     reactions=ReactionsParams(size=500, reactions=60),  # 100 online
     presence=PresenceParams(pairs=10, cycles=3),
+    push=PushParams(devices=50, rates=(50.0, 200.0), duration_s=10.0),
 )
 FULL = Preset(
     send=SendParams(pairs=100, rates=tuple(sweep(50.0, 3200.0, 7)), duration_s=30.0),
@@ -65,6 +68,7 @@ FULL = Preset(
     baseline=(BaselineSpec(count=100_000, rate=None), BaselineSpec(count=30_000, rate=1000.0)),
     reactions=ReactionsParams(size=1000, reactions=200),  # 200 online, one REACT each
     presence=PresenceParams(pairs=50, cycles=10),
+    push=PushParams(devices=1000, rates=tuple(sweep(100.0, 1600.0, 5)), duration_s=30.0),
 )
 
 
@@ -111,6 +115,7 @@ def _preset(ctx: Ctx, preset: Preset) -> None:
     _run(ctx, lambda t: run_fanout(t, preset.fanout))
     _run(ctx, lambda t: run_reactions(t, preset.reactions))
     _run(ctx, lambda t: run_presence(t, preset.presence))
+    _run(ctx, lambda t: run_push(t, preset.push))
     _run(ctx, lambda t: run_login(t, preset.login))
     _run(ctx, lambda t: run_connections(t, preset.connections))
 
@@ -275,6 +280,22 @@ def rooms(
     """N connections in one chatroom at RATE msg/s: delivery p99, frames/s/connection, CPU."""
     params = RoomsParams(count, rate, duration, tenant, connect_rate, gateway)
     _run(ctx, lambda t: run_rooms(t, params))
+
+
+@bench.command()
+@click.option("--devices", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--rates", default="50,200", show_default=True, help="PushTasks/s, comma-separated.")
+@click.option("--duration", type=float, default=10.0, show_default=True)
+@click.option("--drain", type=float, default=60.0, show_default=True, help="Wait for receipts.")
+@click.option("--tenant", default="bench", show_default=True)
+@click.pass_obj
+def push(ctx: Ctx, devices: int, rates: str, duration: float, drain: float, tenant: str) -> None:
+    """PushTasks through the NotificationService to the APNs stand-in: PushTasks/s and the
+    wake-up latency from commit to the stand-in's receipt (issue 17)."""
+    params = PushParams(
+        devices=devices, rates=_floats(rates), duration_s=duration, drain_s=drain, tenant=tenant
+    )
+    _run(ctx, lambda t: run_push(t, params))
 
 
 @bench.command("kafka-baseline")

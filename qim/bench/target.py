@@ -42,6 +42,8 @@ class Target:
     env: dict[str, str]
     mailbox_metrics_urls: tuple[str, ...] = ()
     pid_files: dict[str, Path] = field(default_factory=dict)
+    push_control_url: str = ""
+    """The APNs / FCM stand-ins' control API (``qim bench push`` reads their receipts)."""
     _codec: TokenCodec | None = None
 
     @classmethod
@@ -67,6 +69,7 @@ class Target:
             env={**os.environ, **cfg.env()},
             mailbox_metrics_urls=mailbox,
             pid_files=pid_files,
+            push_control_url=cfg.push_standins.control_url,
         )
 
     def pids(self) -> dict[str, int]:

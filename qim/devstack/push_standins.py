@@ -18,7 +18,9 @@ configuration.
   the development service account. Errors in the v1 shape with an ``FcmError`` detail.
 * **Control** (same port as FCM): ``POST /control/plan`` ``{"provider", "token", "answers":
   [status, ...]}`` queues answers for one token (then 200 again); ``GET /control/received``
-  lists every request each stand-in got (headers, JSON body, which endpoint, the answer);
+  lists every request each stand-in got (headers, JSON body, which endpoint, the answer,
+  ``received_at_ms`` on the host's wall clock: ``qim bench push`` measures wake-up latency
+  from the message's commit to it);
   ``POST /control/reset`` clears both.
 
 Run by ``qim push-standins`` (the stack starts it) or in-process by the tests.
@@ -32,6 +34,7 @@ import ipaddress
 import json
 import secrets
 import ssl
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
@@ -290,6 +293,7 @@ class _ApnsProtocol(asyncio.Protocol):
                 "payload": payload,
                 "status": status,
                 "reason": reason,
+                "received_at_ms": time.time_ns() // 1_000_000,
             }
         )
         out_headers = [(":status", str(status)), ("apns-id", apns_id)]
@@ -366,6 +370,7 @@ def _fcm_app(state: StandinState) -> web.Application:
                 "payload": body,
                 "status": status,
                 "reason": "",
+                "received_at_ms": time.time_ns() // 1_000_000,
             }
         )
         if status == 200:

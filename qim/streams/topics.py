@@ -169,6 +169,39 @@ PUSH_TASKS = TopicSpec(
     "with no online device, key (tenant, user, '*'))",
     consumer="NotificationService (`push_tasks` agent)",
 )
+DEVICE_TOKENS_CHANGELOG = TopicSpec(
+    # Faust's name for the table's changelog, declared so it exists (compacted, with the source
+    # topics' partition count) before the first notify worker writes the table: a worker that
+    # joined before it was visible crashed its agent with PartitionsMismatch (0 partitions).
+    name="qim-notify-device_tokens-changelog",
+    partitions_param="mailbox_shard_count",
+    partitioned_by="the command partition the token was written from (co-partitioned)",
+    key="(tenant, user_id, device_id)",
+    cleanup="compact",
+    retention_ms=None,
+    producer="NotificationService (table `device_tokens`, token sealed)",
+    consumer="NotificationService taking a partition over (Faust table recovery)",
+)
+PUSH_DEVICE_STATE_CHANGELOG = TopicSpec(
+    name="qim-notify-push_device_state-changelog",  # Faust's name, declared as above
+    partitions_param="mailbox_shard_count",
+    partitioned_by="the PushTask partition the state was written from (co-partitioned)",
+    key="(tenant, user_id, device_id)",
+    cleanup="compact",
+    retention_ms=None,
+    producer="NotificationService (table `push_device_state`; each push waits for its ack)",
+    consumer="NotificationService taking a partition over (Faust table recovery)",
+)
+USER_DEVICES_CHANGELOG = TopicSpec(
+    name="qim-notify-user_devices-changelog",  # Faust's name, declared as above
+    partitions_param="mailbox_shard_count",
+    partitioned_by="the command partition the token was written from (co-partitioned)",
+    key="(tenant, user_id)",
+    cleanup="compact",
+    retention_ms=None,
+    producer="NotificationService (table `user_devices`: device ids with a token, VoIP fan-out)",
+    consumer="NotificationService taking a partition over (Faust table recovery)",
+)
 PREKEY_REQUESTS = TopicSpec(
     name="qim.prekey-requests",
     partitions_param="prekey_partition_count",
@@ -251,6 +284,9 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     DEVICE_TOKEN_COMMANDS,
     DEVICE_TOKEN_DIGEST,
     PUSH_TASKS,
+    DEVICE_TOKENS_CHANGELOG,
+    PUSH_DEVICE_STATE_CHANGELOG,
+    USER_DEVICES_CHANGELOG,
     PREKEY_REQUESTS,
     PREKEY_BUNDLES_CHANGELOG,
     REVOCATIONS,

@@ -7,7 +7,8 @@ bob and carol send her messages. The phone is woken through the APNs stand-in wi
 of alice's UserBadgeState; the desktop gets the socket and never a push; a read on the desktop
 sends the phone a silent badge push of 0; a 410 deletes the phone's token and the digest
 tombstone reaches the MailboxNode. A conversation alice muted (16.4) wakes the phone with no
-alert, while its unread still counts and an unmuted conversation still alerts.
+alert, while its unread still counts and an unmuted conversation still alerts. An APNs outage
+(503s for the phone) changes nothing in what alice's devices read (16.9, AT-121).
 """
 
 from __future__ import annotations
@@ -316,5 +317,160 @@ async def test_a_muted_conversation_wakes_no_alert_while_its_unread_counts_and_o
         while alerts(got := await scene.received(MUTED_PHONE_TOKEN)).count(with_bob) < 2:
             assert asyncio.get_running_loop().time() < deadline + WAIT_S, got
             await asyncio.sleep(0.3)
+    finally:
+        await scene.aclose()
+
+
+OUTAGE_PHONE_TOKEN = "e4" * 32
+OUTAGE_503S = 10
+"""The outage: the APNs stand-in answers this many 503s to the phone's token, then 200 again.
+Three pushes of 1 + ``push_retry_max_attempts`` attempts each would need 12 to all fail, so
+some retries land after the outage and deliver, and some pushes may exhaust their retries:
+the test accounts for both, whichever way the timing splits them."""
+
+
+def _failed_pushes(port: int) -> float:
+    """``offline_push_attempts{provider=APNS, kind=alert, outcome=failed}`` of the worker."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        text = resp.read().decode()
+    labels = ('provider="APNS"', 'kind="alert"', 'outcome="failed"')
+    for line in text.splitlines():
+        if line.startswith("offline_push_attempts_total{") and all(x in line for x in labels):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+async def test_a_push_outage_changes_nothing_in_mailboxes_unread_or_the_session_list(
+    running: Stack,
+) -> None:
+    """Spec 16 (first principle) and 16.9: with the push chain down, IM reliability, unread
+    counts and the session list are unaffected; only the wake-up suffers (AT-121). alice's
+    phone is offline with a token; APNs is down for the phone while bob and carol write to
+    her; what alice's devices read is exactly what was sent, during and after the outage, and
+    every push of the outage either was delivered by a retry or is counted as failed."""
+    scene = Scene(running)
+    try:
+        before = await asyncio.to_thread(scene.digests)
+        phone, phone_token, phone_epoch = await scene.login("alice", "phone")
+        await scene.register(phone_token, "phone", phone_epoch, OUTAGE_PHONE_TOKEN)
+        await _until(lambda: scene.digests() >= before + 1, "digest never reached the node")
+        await phone.close()
+        await _until(lambda: scene.online("alice") == [], "phone still online")
+        failed_before = await asyncio.to_thread(_failed_pushes, scene.notify)
+        plan = {"provider": "APNS", "token": OUTAGE_PHONE_TOKEN, "answers": [503] * OUTAGE_503S}
+        control = running.cfg.push_standins.control_url
+        (await scene.http.post(f"{control}/plan", json=plan)).raise_for_status()
+
+        bob, _, _ = await scene.login("bob", "phone")
+        carol, _, _ = await scene.login("carol", "phone")
+        sent: dict[str, list[tuple[bytes, Any]]] = {"bob": [], "carol": []}
+        for sender, client, body in (
+            ("bob", bob, b"outage 1"),
+            ("carol", carol, b"outage 2"),
+            ("bob", bob, b"outage 3"),
+        ):
+            ack = await client.send_direct("alice", body, client_message_id=body.decode())
+            sent[sender].append((body, ack))
+        # The outage is on: the phone's first push was answered 503.
+        first = await scene.wait_received(OUTAGE_PHONE_TOKEN, 1)
+        assert first[0]["status"] == 503
+
+        async def expect_state(extra: dict[str, list[tuple[bytes, Any]]]) -> None:
+            """alice's state read by a fresh device: it must equal what was sent, computed
+            here from the SEND_ACKs alone (no push involved)."""
+            everything = {u: sent[u] + extra.get(u, []) for u in sent}
+            reader, _, _ = await scene.login("alice", f"tablet-{uuid.uuid4().hex[:6]}")
+            convs = {u: reader.direct_conversation_id(u) for u in everything}
+            expected = {
+                convs[u]: (len(msgs), msgs[-1][1].conversation_seq, msgs[-1][1].message_id)
+                for u, msgs in everything.items()
+            }
+            # Barrier: both rows show the last message (the fan-out has materialized it).
+            for conv, (_, seq, _) in expected.items():
+                await scene.listed(reader, conv, lambda r, s=seq: r.latest_conversation_seq == s)
+            rows = {
+                e.conversation_id: e for e in (await reader.pull_session_list(limit=50)).sessions
+            }
+            assert set(rows) == set(expected)
+            for conv, (unread, seq, message_id) in expected.items():
+                row = rows[conv]
+                assert (row.unread_count, row.latest_conversation_seq, row.last_message_id) == (
+                    unread,
+                    seq,
+                    message_id,
+                ), row
+                assert row.read_conversation_seq == 0 and not row.muted
+            batch = await reader.pull_mailbox(0)
+            got = sorted(
+                (e.conversation_id, e.conversation_seq, e.message_id, e.payload_or_ciphertext)
+                for e in batch.entries
+                if e.message_id in {a.message_id for m in everything.values() for _, a in m}
+            )
+            want = sorted(
+                (convs[u], a.conversation_seq, a.message_id, body)
+                for u, msgs in everything.items()
+                for body, a in msgs
+            )
+            assert got == want
+            await reader.close()
+            # AUTH_OK of a fresh login carries the UserBadgeState the pushes carry (16.3).
+            total = sum(len(m) for m in everything.values())
+            badge_reader = QimClient(heartbeat=HeartbeatConfig(enabled=False), request_timeout=20)
+            scene.clients.append(badge_reader)
+            device = f"badge-{uuid.uuid4().hex[:6]}"
+            ok = await badge_reader.connect(
+                running.cfg.gateways[0].url, scene.token("alice", device), device
+            )
+            assert (ok.total_unread, ok.total_mention, ok.muted_unread) == (total, 0, 0)
+            await badge_reader.close()
+
+        await expect_state({})  # during the outage
+
+        # Every push of the outage reaches its verdict: delivered by a later retry, or failed
+        # after 1 + push_retry_max_attempts attempts (and counted by the failed metric).
+        attempts_per_push = 1 + SETTINGS.push_retry_max_attempts
+        deadline = asyncio.get_running_loop().time() + WAIT_S
+
+        def verdicts(got: list[dict[str, Any]]) -> tuple[int, dict[str, list[int]]] | None:
+            by_event: dict[str, list[int]] = {}
+            for r in got:
+                by_event.setdefault(r["payload"]["event_id"], []).append(r["status"])
+            final = all(200 in s or len(s) == attempts_per_push for s in by_event.values())
+            busy = sum(s.count(503) for s in by_event.values()) < OUTAGE_503S
+            return None if busy or not final else (len(by_event), by_event)
+
+        while True:
+            got = await scene.received(OUTAGE_PHONE_TOKEN)
+            done = verdicts(got)
+            if done is not None:
+                failed_now = await asyncio.to_thread(_failed_pushes, scene.notify)
+                exhausted = [e for e, s in done[1].items() if 200 not in s]
+                if failed_now - failed_before == len(exhausted):
+                    break
+            summary = [(r["payload"].get("event_id"), r["status"]) for r in got]
+            assert asyncio.get_running_loop().time() < deadline, summary
+            await asyncio.sleep(0.5)
+        pushes, by_event = done
+        print(f"outage verdicts: {by_event}")
+        assert sum(s.count(503) for s in by_event.values()) == OUTAGE_503S
+        for statuses in by_event.values():  # a 200 ends a push: nothing after it
+            assert statuses.count(200) <= 1 and statuses[-1] in (200, 503), statuses
+            assert len(statuses) <= attempts_per_push
+        delivered = [r for r in got if r["status"] == 200]
+        assert pushes == len(delivered) + len(exhausted) and pushes >= 2
+        for r in delivered:  # a late delivery still carries an absolute badge from the state
+            assert 1 <= r["payload"]["aps"]["badge"] <= 3
+
+        await expect_state({})  # after the outage: nothing moved
+
+        # The outage is over: the next message wakes the phone on the first attempt with the
+        # badge of everything unread (the failed pushes did not lose a count).
+        body = b"after the outage"
+        ack = await carol.send_direct("alice", body, client_message_id="after")
+        count = len(got)
+        woke = (await scene.wait_received(OUTAGE_PHONE_TOKEN, count + 1))[count:]
+        assert [r["status"] for r in woke] == [200]
+        assert woke[0]["payload"]["aps"]["badge"] == 4
+        await expect_state({"carol": [(body, ack)]})
     finally:
         await scene.aclose()

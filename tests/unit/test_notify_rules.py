@@ -239,3 +239,21 @@ def test_registration_without_a_current_connection_is_refused() -> None:
             _body(), tenant_id="t", user_id="alice", token_device_id=None, connection_device_id=None
         )
     assert err.value.detail == "not_authenticated_on_a_connection"
+
+
+def test_ended_windows_that_held_nothing_are_forgotten_and_held_ones_kept() -> None:
+    """The device's state stays bounded by its open windows, not by every conversation it
+    was ever pushed for (it is re-encoded on every PushTask)."""
+    state = DeviceState()
+    window = POLICY.push_merge_window
+    state, _ = _admit(state, "held-1", 1_000, conv="busy")
+    state, held = _admit(state, "held-2", 1_001, conv="busy")  # held back in busy's window
+    assert held == []
+    for i in range(50):
+        state, sends = _admit(state, f"e{i}", 1_000 + i * window, conv=f"c{i}")
+        assert len(sends) == 1
+    open_windows = {c for c, _ in state.windows}
+    assert open_windows == {"busy", "c49"}  # busy still holds held-2 for its merged alert
+    state, sends = flush_due(state, now_ms=1_000 + 50 * window, policy=POLICY)
+    assert [s.event_id for s in sends] == ["held-2#merged"]
+    assert {c for c, _ in state.windows} == set()

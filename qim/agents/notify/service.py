@@ -18,8 +18,16 @@ the event's partition, which is the user's mailbox shard for every topic here).
   to send is handed to a delivery task (retries 1/4/16 s without stalling the partition). A
   ``kind="flush"`` task closes the device's ended merge windows (and ended quiet hours, 16.4,
 evaluated in the DeviceToken's ``timezone``); the app's timer produces them
-  for the windows :attr:`NotifyService.due` knows of. The dedup set is written to the table
-  (changelog) before the push goes out, so a replay after a crash never notifies twice.
+  for the windows :attr:`NotifyService.due` knows of.
+
+Crash safety (16.2.4, AT-108): the dedup set is written to the table, and each delivery
+awaits :attr:`NotifyService.durable` (the app: Kafka's ack of that changelog record) before
+the push leaves. A kill -9 at any point then replays from the last committed offset onto a
+table whose recovered dedup set covers every push that ever reached a provider: no second
+notification. The price is at-most-once for the pushes in flight at the kill (durable, not yet
+sent): at most ``max_inflight`` of them, bounded by :attr:`NotifyService.slots`; a lost wake-up
+loses no message (16, first principle). Merge windows that were open at the kill are found
+again from the table (:meth:`NotifyService.recover_due`).
 """
 
 from __future__ import annotations
@@ -71,6 +79,14 @@ log = logging.getLogger(__name__)
 Send_ = Callable[[str, bytes, bytes | None, int], Awaitable[None]]
 """(topic, key, value or None for a tombstone, partition) -> once Kafka acknowledged it."""
 
+Durable = Callable[[bytes], Awaitable[None]]
+"""device key -> once the latest write of its ``states`` entry is acknowledged by Kafka."""
+
+
+async def _already_durable(key: bytes) -> None:
+    return None
+
+
 _STATE_ENCODER = msgspec.msgpack.Encoder()
 _STATE_DECODER = msgspec.msgpack.Decoder(DeviceState)
 
@@ -107,8 +123,16 @@ class NotifyService:
     written by the command agent in the same partition): a ``voip`` task's fan-out."""
     to_gateway_topic: str = ""
     """Where a call that woke no device is answered ``cancel{reason=offline}`` (13.5.2)."""
+    durable: Durable = _already_durable
+    max_inflight: int = 256
+    """Deliveries at once (retries included); the agent waits for a slot. Also the bound on
+    the pushes a kill -9 can lose (durable in the dedup set, not yet at the provider)."""
 
     def __post_init__(self) -> None:
+        self.slots = asyncio.Semaphore(self.max_inflight)
+        self.providers_ready = asyncio.Event()
+        if self.providers:
+            self.providers_ready.set()
         self.commands = Counter(
             "notify_device_token_commands",
             "Device-token commands applied, by op and result.",
@@ -153,6 +177,13 @@ class NotifyService:
             ["provider", "kind", "outcome"],
             registry=self.registry,
         )
+
+    def set_providers(self, providers: Mapping[str, PushProvider]) -> None:
+        """The providers, once their clients are open on the worker's loop; deliveries wait
+        for this (a restarted worker replays PushTasks before its app task opened them, and
+        they must not fail as ``provider_not_configured``)."""
+        self.providers = providers
+        self.providers_ready.set()
 
     # -- device tokens ---------------------------------------------------------------------
 
@@ -294,6 +325,22 @@ class NotifyService:
         if token is None:
             self.tasks.labels("no_token").inc()
             return
+        # A delivery slot before the state is written: a kill -9 can then only lose pushes that
+        # hold a slot (admitted and durable, not yet at the provider), at most max_inflight.
+        await self.slots.acquire()
+        try:
+            sends = self._admit(key, token, task, partition)
+        except BaseException:
+            self.slots.release()
+            raise
+        if not sends:
+            self.slots.release()
+        for n, send in enumerate(sends):
+            if n:  # a flush with a merged alert and a quiet-hours badge: one slot each
+                await self.slots.acquire()
+            self._spawn(key, token, send, partition)
+
+    def _admit(self, key: bytes, token: DeviceToken, task: PushTask, partition: int) -> list[Send]:
         now = self.now_ms()
         if task.kind == "flush":
             state, sends = flush_due(self._state(key), now_ms=now, policy=self.policy)
@@ -319,8 +366,7 @@ class NotifyService:
             self._save(key, state, partition)
             self.last_task[key] = task
             self.tasks.labels("sent" if sends else "held_or_duplicate").inc()
-        for send in sends:
-            self._spawn(key, token, send, partition)
+        return sends
 
     def _spawn(self, key: bytes, token: DeviceToken, send: Send, partition: int) -> None:
         task = asyncio.get_running_loop().create_task(self._deliver(key, token, send, partition))
@@ -328,7 +374,24 @@ class NotifyService:
         task.add_done_callback(self.inflight.discard)
 
     async def _deliver(self, key: bytes, token: DeviceToken, send: Send, partition: int) -> None:
+        try:
+            await self._deliver_durably(key, token, send, partition)
+        finally:
+            self.slots.release()
+
+    async def _deliver_durably(
+        self, key: bytes, token: DeviceToken, send: Send, partition: int
+    ) -> None:
         note = notification_for(send, self.last_task.get(key))
+        try:
+            # The dedup set that admitted this push is in Kafka before the push leaves: a
+            # replay after a crash finds it and never notifies twice (16.2.4).
+            await self.durable(key)
+        except Exception:  # the changelog write failed: not sending is the safe side
+            log.exception("dedup state not durable; push not sent")
+            self.pushes.labels(token.provider, send.kind, "not_durable").inc()
+            return
+        await self.providers_ready.wait()
         try:
             result: Delivery = await deliver(
                 token,
@@ -484,6 +547,18 @@ class NotifyService:
     def _ratio(self, outcome: str) -> float:
         total = sum(self.verdicts.values())
         return self.verdicts.get(outcome, 0) / total if total else math.nan
+
+    def recover_due(self, partition_of: Callable[[bytes], int]) -> int:
+        """Re-learn the merge windows still open in ``states`` (a restarted worker's
+        :attr:`due` is empty, and a window whose tasks were committed before a crash would
+        otherwise never flush). Returns how many devices have one."""
+        found = 0
+        for key, raw in list(self.states.items()):
+            when = next_flush_at(decode_state(raw))
+            if when is not None and key not in self.due:
+                self.due[key] = (partition_of(key), when)
+                found += 1
+        return found
 
     def due_flushes(self, now_ms: int) -> list[tuple[bytes, int, int]]:
         """(key, partition, due) of every device whose merge window ended."""

@@ -176,7 +176,10 @@ def _rescope(state: DeviceState, token_fingerprint: str) -> DeviceState:
 def _prune(state: DeviceState, now_ms: int, policy: PushPolicy) -> DeviceState:
     seen = tuple((e, t) for e, t in state.seen if now_ms - t < policy.push_dedup_ttl)
     sent = tuple((c, t) for c, t in state.sent if now_ms - t < MINUTE_MS)
-    return replace(state, seen=seen, sent=sent)
+    # An ended window that held nothing back is over; keeping it would grow the device's
+    # state (re-encoded on every task) with every conversation it was ever pushed for.
+    windows = tuple((c, w) for c, w in state.windows if w.pending or now_ms < w.ends_at)
+    return replace(state, seen=seen, sent=sent, windows=windows)
 
 
 def _rate_refusal(state: DeviceState, conversation_id: str, policy: PushPolicy) -> str:
