@@ -33,8 +33,6 @@ import asyncio
 import uuid
 from collections.abc import Iterable
 
-import msgspec
-
 from qim.admin.replies import AdminReplyWaiter
 from qim.core.conversation.ids import group_conversation_id
 from qim.core.rooms.ids import is_room_id, room_partition
@@ -340,9 +338,3 @@ class GroupAdmin:
             role=role if action == "set_role" else "",
             e2ee=e2ee,
         )
-
-
-def reply_json(reply: AdminReply) -> dict[str, object]:
-    """The fields an operator reads (HTTP and CLI output)."""
-    fields = msgspec.structs.asdict(reply)
-    return {k: fields[k] for k in ("membership_version", "member_count")}

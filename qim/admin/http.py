@@ -38,7 +38,6 @@ from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
 
 from qim.admin.groups import (
-    SETTABLE_ROLES,
     AdminRejected,
     AdminTimeout,
     GroupAdmin,
@@ -171,8 +170,6 @@ async def _remove(request: web.Request) -> web.Response:
 async def _set_role(request: web.Request) -> web.Response:
     body = await _decode(request, SetRoleBody)
     group, user = request.match_info["group_id"], request.match_info["user_id"]
-    if body.role not in SETTABLE_ROLES:
-        raise _BadRequest(f"role must be one of {', '.join(SETTABLE_ROLES)}")
     actor, as_member = _actor(request, body.actor), _as_member(request, body.as_member)
     reply = await request.app[_ADMIN].set_role(
         body.tenant_id, group, [user], body.role, actor, as_member=as_member

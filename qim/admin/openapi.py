@@ -56,10 +56,10 @@ def _json(model: type) -> dict[str, Any]:
     return {"content": {"application/json": {"schema": _ref(model)}}}
 
 
-def _param(name: str, where: str, description: str, *, required: bool = True) -> dict[str, Any]:
-    schema: dict[str, Any] = {"type": "string", "minLength": 1}
-    if name in ("ban", "as_member"):
-        schema = {"type": "boolean"}
+def _param(
+    name: str, where: str, description: str, *, required: bool = True, flag: bool = False
+) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "boolean"} if flag else {"type": "string", "minLength": 1}
     return {
         "name": name,
         "in": where,
@@ -73,9 +73,9 @@ _GROUP: Final = _param("group_id", "path", "the group's id (`g:...`)")
 _USER: Final = _param("user_id", "path", "the member's user id")
 _TENANT_Q: Final = _param("tenant_id", "query", "the tenant")
 _ACTOR_Q: Final = _param("actor", "query", "who made the change", required=False)
-_BAN_Q: Final = _param("ban", "query", "ban as well as remove", required=False)
+_BAN_Q: Final = _param("ban", "query", "ban as well as remove", required=False, flag=True)
 _AS_MEMBER_Q: Final = _param(
-    "as_member", "query", "act on behalf of the member `actor`", required=False
+    "as_member", "query", "act on behalf of the member `actor`", required=False, flag=True
 )
 
 

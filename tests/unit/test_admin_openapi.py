@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+from typing import get_args, get_type_hints
 
+from qim.admin.groups import SETTABLE_ROLES
 from qim.admin.http import make_group_admin_app
+from qim.admin.models import SetRoleBody
 from qim.admin.openapi import COMMITTED, document, render
 
 
@@ -37,3 +40,7 @@ def test_every_request_body_refuses_unknown_fields_and_every_ref_resolves() -> N
             assert schemas[name]["additionalProperties"] is False, name
     for ref in {part.split('"')[0] for part in text.split('"$ref": "#/components/schemas/')[1:]}:
         assert ref in schemas, ref
+
+
+def test_the_role_body_accepts_exactly_the_roles_the_admin_may_set() -> None:
+    assert set(get_args(get_type_hints(SetRoleBody)["role"])) == set(SETTABLE_ROLES)

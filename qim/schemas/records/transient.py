@@ -53,6 +53,13 @@ class _Record(
     """Tagged msgpack map, like ``requests._Record``: one topic carries several kinds."""
 
 
+def _conversation_key(tenant_id: str, conversation_id: str) -> bytes:
+    """The Kafka key of a relay about one conversation (TYPING, an ephemeral message)."""
+    validate_identifier(tenant_id, "tenant_id")
+    validate_identifier(conversation_id, "conversation_id")
+    return hash_input(tenant_id, conversation_id)
+
+
 class TypingRelay(_Record, tag="typing_relay", kw_only=True, frozen=True):
     """TYPING{conversation_id, user_id, expires_in_ms} for ``recipients`` on one shard."""
 
@@ -65,9 +72,7 @@ class TypingRelay(_Record, tag="typing_relay", kw_only=True, frozen=True):
 
     @property
     def key(self) -> bytes:
-        validate_identifier(self.tenant_id, "tenant_id")
-        validate_identifier(self.conversation_id, "conversation_id")
-        return hash_input(self.tenant_id, self.conversation_id)
+        return _conversation_key(self.tenant_id, self.conversation_id)
 
     @property
     def partition(self) -> int:
@@ -107,9 +112,7 @@ class EphemeralRelay(_Record, tag="ephemeral_relay", kw_only=True, frozen=True):
 
     @property
     def key(self) -> bytes:
-        validate_identifier(self.tenant_id, "tenant_id")
-        validate_identifier(self.conversation_id, "conversation_id")
-        return hash_input(self.tenant_id, self.conversation_id)
+        return _conversation_key(self.tenant_id, self.conversation_id)
 
     @property
     def partition(self) -> int:
