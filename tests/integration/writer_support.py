@@ -252,7 +252,9 @@ async def read_outbox(
     try:
         consumer.assign([tp])
         begin = (await consumer.beginning_offsets([tp]))[tp]
-        end = (await consumer.end_offsets([tp]))[tp]
+        end = await _settled_end(bootstrap, consumer, tp) if committed else None
+        if end is None:
+            end = (await consumer.end_offsets([tp]))[tp]
         consumer.seek(tp, begin)
         out: list[Any] = []
         while await consumer.position(tp) < end:
@@ -262,6 +264,30 @@ async def read_outbox(
         await consumer.stop()
     records = [decode_outbox_record(m.value) for m in out]
     return [r for r in records if _conversation_of(r) == (tenant, conversation_id)]
+
+
+async def _settled_end(
+    bootstrap: str, consumer: AIOKafkaConsumer, tp: TopicPartition, *, within_s: float = 30.0
+) -> int:
+    """The read_committed end once it reached the log's end as of now.
+
+    A transaction's commit returns to the writer (and so a SEND_ACK goes out) once the
+    coordinator logged the decision; the commit markers reach the partitions after that. Until
+    they do, the last stable offset stays below the acked records, so a read right after an ack
+    would miss them: wait for the stable end to pass the high watermark read first.
+    """
+    probe = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
+    await probe.start()
+    try:
+        high = (await probe.end_offsets([tp]))[tp]
+    finally:
+        await probe.stop()
+    deadline = asyncio.get_running_loop().time() + within_s
+    while True:
+        stable = (await consumer.end_offsets([tp]))[tp]
+        if stable >= high or asyncio.get_running_loop().time() >= deadline:
+            return stable
+        await asyncio.sleep(0.05)
 
 
 def _conversation_of(record: OutboxRecord) -> tuple[str, str]:
