@@ -279,12 +279,12 @@ async def _settled_end(
     probe = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False)
     await probe.start()
     try:
-        high = (await probe.end_offsets([tp]))[tp]
+        high = int((await probe.end_offsets([tp]))[tp])
     finally:
         await probe.stop()
     deadline = asyncio.get_running_loop().time() + within_s
     while True:
-        stable = (await consumer.end_offsets([tp]))[tp]
+        stable = int((await consumer.end_offsets([tp]))[tp])
         if stable >= high or asyncio.get_running_loop().time() >= deadline:
             return stable
         await asyncio.sleep(0.05)
