@@ -123,10 +123,32 @@ def rss_bytes(pid: int | None) -> int | None:
 
 
 def _live_pid(stack: Stack, process: str) -> int:
-    pid = procs.read_pid(pid_file_of(stack, process))
+    pid_file = pid_file_of(stack, process)
+    pid = procs.read_pid(pid_file)
     if pid is None:
-        raise RuntimeError(f"{process} is not running")
+        last = last_log_errors(pid_file.with_suffix(".log"))
+        raise RuntimeError(f"{process} is not running; its log last said: {last}")
     return pid
+
+
+def last_log_errors(log_file: Path, *, keep: int = 3, scan_bytes: int = 256 * 1024) -> list[str]:
+    """The last error / critical lines of a process log (why a process that should run has
+    exited), skipping the connection noise of a broker outage; at most ``keep`` lines of at
+    most 600 characters each."""
+    try:
+        with log_file.open("rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - scan_bytes))
+            tail = f.read().decode("utf-8", "replace").splitlines()
+    except OSError as exc:
+        return [f"(no log: {exc})"]
+    noise = ("Unable connect", "Unable to update metadata", "NodeNotReadyError", "Connection at")
+    picked = [
+        line[:600]
+        for line in tail
+        if ('"level":"error"' in line or '"level":"critical"' in line or "Traceback" in line)
+        and not any(n in line for n in noise)
+    ]
+    return picked[-keep:] or [line[:600] for line in tail[-keep:]]
 
 
 @dataclass(frozen=True)
