@@ -25,13 +25,15 @@ import json
 import logging
 import os
 import sys
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any, Final
 
 __all__ = [
     "TRACE_FIELDS",
     "JsonFormatter",
+    "RepeatFilter",
     "configure",
     "json_logging_config",
     "sampled",
@@ -122,6 +124,46 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, separators=(",", ":"), default=str)
 
 
+class RepeatFilter(logging.Filter):
+    """Lets one line per (logger, level, text) through per ``window_s`` and counts the rest.
+
+    During a broker outage the Kafka client logs the same connection error from every fetch,
+    heartbeat and metadata attempt, thousands of lines a second per process; formatting them
+    costs CPU the process needs when the broker returns, and buries the line that says why.
+    The first line of a run passes; the next one after the window carries ``repeated`` = how
+    many were held back. Only ``prefixes`` (the client libraries) are filtered: qim's own lines
+    always pass.
+    """
+
+    def __init__(
+        self,
+        window_s: float = 1.0,
+        prefixes: tuple[str, ...] = ("aiokafka", "kafka"),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__()
+        self.window_s = window_s
+        self.prefixes = prefixes
+        self.clock = clock
+        self._seen: dict[tuple[str, int, str], tuple[float, int]] = {}
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(self.prefixes):
+            return True
+        key = (record.name, record.levelno, record.getMessage())
+        now = self.clock()
+        last = self._seen.get(key)
+        if last is not None and now - last[0] < self.window_s:
+            self._seen[key] = (last[0], last[1] + 1)
+            return False
+        if last is not None and last[1]:
+            record.trace = {**getattr(record, "trace", {}), "repeated": last[1]}
+        if len(self._seen) > 1024:
+            self._seen.clear()
+        self._seen[key] = (now, 0)
+        return True
+
+
 def wants_json(env: Mapping[str, str] | None = None) -> bool:
     env = os.environ if env is None else env
     return env.get("QIM_LOG_FORMAT", "").lower() == "json"
@@ -137,9 +179,11 @@ def json_logging_config(process: str, level: str = "INFO") -> dict[str, Any]:
             "default": {
                 "class": "logging.StreamHandler",
                 "formatter": "json",
+                "filters": ["repeats"],
                 "stream": "ext://sys.stdout",
             }
         },
+        "filters": {"repeats": {"()": RepeatFilter}},
         "root": {"level": level, "handlers": ["default"]},
     }
 
@@ -150,6 +194,7 @@ def configure(process: str, level: int = logging.INFO) -> bool:
         return False
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(process))
+    handler.addFilter(RepeatFilter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)

@@ -21,6 +21,7 @@ from qim.agents.trace_lines import committed, dispatched, mailboxed
 from qim.core.fanout import FanoutState
 from qim.observability.logging import (
     JsonFormatter,
+    RepeatFilter,
     json_logging_config,
     sampled,
     trace,
@@ -105,3 +106,34 @@ def test_faust_gets_a_dict_config_with_the_json_formatter() -> None:
     formatter = configurator.configure_formatter(dict(config["formatters"]["json"]))
     assert isinstance(formatter, JsonFormatter) and formatter.process == "qim-mailbox"
     assert config["handlers"]["default"]["stream"] == "ext://sys.stdout"
+
+
+def _record(name: str, msg: str, level: int = logging.ERROR) -> logging.LogRecord:
+    return logging.LogRecord(name, level, __file__, 1, msg, None, None)
+
+
+def test_repeat_filter_passes_one_client_line_per_window_and_counts_the_rest() -> None:
+    now = [100.0]
+    f = RepeatFilter(window_s=1.0, clock=lambda: now[0])
+    outage = "Unable to update metadata from [1]"
+    assert f.filter(_record("aiokafka", outage))
+    held = [f.filter(_record("aiokafka", outage)) for _ in range(500)]
+    assert not any(held)
+    assert f.filter(_record("aiokafka", "Unable connect to node with id 1"))  # another text
+    now[0] += 1.5
+    after = _record("aiokafka", outage)
+    assert f.filter(after)
+    line = json.loads(JsonFormatter("qim-test").format(after))
+    assert line["repeated"] == 500
+    assert f.filter(_record("aiokafka", outage)) is False
+
+
+def test_repeat_filter_never_holds_back_qim_lines() -> None:
+    f = RepeatFilter(window_s=60.0, clock=lambda: 0.0)
+    assert all(f.filter(_record("qim.agents.writer", "same line")) for _ in range(50))
+
+
+def test_json_logging_config_filters_repeats_on_its_handler() -> None:
+    config = json_logging_config("qim-test")
+    assert config["handlers"]["default"]["filters"] == ["repeats"]
+    assert config["filters"]["repeats"]["()"] is RepeatFilter
