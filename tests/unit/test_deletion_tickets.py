@@ -218,7 +218,7 @@ def _reference(events: list[Event]) -> dict[str, int]:
     return out
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(event_logs())
 def test_the_desk_destroys_exactly_what_the_reference_model_says(events: list[Event]) -> None:
     desk = Desk(grace_ms=dict(MODEL_GRACE))
