@@ -71,10 +71,19 @@ from qim.core.mailbox.sessions import SessionChange
 from qim.schemas.records.dispatch import GroupDispatch, ShardLogRecord
 from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
-from qim.streams.producer import RecoveringProducer, replaced_counter
+from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
 from qim.streams.topics import DEVICE_TOKEN_DIGEST, PUSH_TASKS
 from qim.tables.mailbox_checkpoint import create_checkpoint, ship_checkpoint
 from qim.tables.mailbox_store import MailboxStore
+from qim.tables.user_state_changelog import (
+    CHANGED_KEY,
+    PUBLISHED_KEY,
+    changelog_records,
+    marker_op,
+    read_changelog,
+    restore_ops,
+    unpublished_rows,
+)
 
 __all__ = ["MailboxNodeService"]
 
@@ -116,6 +125,8 @@ class MailboxNodeService(Service):
         )
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: RecoveringProducer | None = None
+        self._ucs_producer: RecoveringProducer | None = None
+        """The UserConversationState changelog's (idempotent, acks=all: decision 41)."""
         self._admin: AIOKafkaAdminClient | None = None
         self.presence = NodePresence()
         self._push_tasks: set[asyncio.Task[None]] = set()
@@ -163,6 +174,16 @@ class MailboxNodeService(Service):
             ).inc(),
         )
         await self._producer.start()
+        self._ucs_producer = durable_producer(
+            opts.bootstrap,
+            name="ucs_changelog",
+            linger_ms=2,
+            client_id=f"{opts.client_id}-ucs",
+            on_replaced=lambda reason: self.producer_replaced.labels(
+                producer="ucs_changelog", reason=reason
+            ).inc(),
+        )
+        await self._ucs_producer.start()
         self.digests.start()
         consumer = opts.consumer(ShardAssignor)
         await consumer.start()
@@ -185,6 +206,8 @@ class MailboxNodeService(Service):
         await self.quota.stop()
         if self._producer is not None:
             await self._producer.stop()
+        if self._ucs_producer is not None:
+            await self._ucs_producer.stop()
         if self._admin is not None:
             await self._admin.close()
 
@@ -379,8 +402,10 @@ class MailboxNodeService(Service):
                 if crash.armed("committed", shard.shard, first, last):
                     await self._commit_floor(tp, last + 1, result.watermark_floor)
                     crash.crash()
-                shard.write(result)
+                ucs_rows = shard.write(result)
                 if crash.armed("written", shard.shard, first, last):
+                    crash.crash()
+                if ucs_rows and crash.armed("ustate", shard.shard, first, last):
                     crash.crash()
             except Exception:
                 log.exception(
@@ -389,6 +414,8 @@ class MailboxNodeService(Service):
                 self.metrics.on_write_failed(shard.shard)
                 self._retry_from(tp, shard)
                 return
+            if ucs_rows:
+                await self._publish_ucs(shard, ucs_rows, result.applied_seq)
             seconds, regressed = time.perf_counter() - started, result.applied_seq < before
             newest = max(
                 (r.committed_at for _, r in batch if isinstance(r, GroupDispatch)), default=0
@@ -416,6 +443,94 @@ class MailboxNodeService(Service):
                     on_failed=lambda: self.quota.request([shard.shard]),
                 )
         shard.consumed(records[-1].offset)
+
+    # -- UserConversationState changelog (decision 41) ---------------------------------------------
+
+    async def _publish_ucs(
+        self, shard: OwnedShard, rows: Sequence[tuple[bytes, bytes | None]], seq: int
+    ) -> None:
+        """After the WriteBatch: the batch's ``U`` rows onto the changelog, all sent, then
+        awaited together; ``ucs_published`` advances only over an unbroken acknowledged run, so
+        after a failed publish the rows are re-published from the store (never raises)."""
+        if shard.ucs_published < shard.ucs_before:
+            await self._republish_ucs(shard)  # an earlier batch is not in: the store has it all
+            return
+        records = changelog_records(rows, mailbox_shard=shard.shard, mailbox_seq=seq)
+        if await self._send_ucs(shard, records):
+            shard.mark_ucs_published(seq)
+
+    async def _send_ucs(
+        self, shard: OwnedShard, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> bool:
+        producer = self._ucs_producer
+        if producer is None or not records:
+            return producer is not None
+        topic = self.options.ucs_changelog_topic
+        try:
+            futures = [
+                await producer.send(topic, value, key=key, partition=shard.shard)
+                for key, value in records
+            ]
+            await asyncio.gather(*futures)
+        except Exception:
+            log.exception("shard %d: UserConversationState changelog publish failed", shard.shard)
+            self.metrics.on_record("dispatch", "ucs_changelog_failed")
+            return False
+        return True
+
+    async def _republish_ucs(self, shard: OwnedShard) -> int:
+        """Re-publish every ``U`` row changed after ``ucs_published`` (a crash or a failed
+        publish left them out); equal values again are harmless (compacted, latest wins)."""
+        changed = shard.ucs_changed
+        if changed <= shard.ucs_published:
+            return 0
+        rows = list(unpublished_rows(shard.store, shard.ucs_published))
+        records = changelog_records(rows, mailbox_shard=shard.shard, mailbox_seq=changed)
+        if await self._send_ucs(shard, records):
+            shard.mark_ucs_published(changed)
+            log.info("shard %d: re-published %d UserConversationState rows", shard.shard, len(rows))
+        return len(rows)
+
+    async def _restore_ucs(self, shard: OwnedShard) -> int:
+        """Takeover after the log's retention: bring the ``U`` rows back from the changelog
+        before the log's remaining tail is replayed on top (``apply_command`` skips what a
+        restored row already reflects)."""
+        rows = await read_changelog(
+            self.options.bootstrap,
+            self.options.ucs_changelog_topic,
+            shard.shard,
+            client_id=f"{self.options.client_id}-ucs-restore",
+        )
+        ops, newest = restore_ops(shard.store, rows)
+        if ops:
+            changed = max(shard.ucs_changed, newest)
+            published = max(shard.ucs_published, newest)
+            shard.store.apply(
+                (*ops, marker_op(CHANGED_KEY, changed), marker_op(PUBLISHED_KEY, published))
+            )
+            shard.ucs_changed, shard.ucs_published = changed, published
+        shard.ucs_restored = len(ops)
+        log.info(
+            "shard %d: restored %d UserConversationState rows from the changelog (%d read)",
+            shard.shard, len(ops), len(rows),
+        )  # fmt: skip
+        return len(ops)
+
+    async def _ucs_takeover(self, assigned: set[TopicPartition]) -> None:
+        """Per owned shard: restore from the changelog when the records the store needs have
+        left the dispatch log, then re-publish what a crash left unpublished."""
+        consumer = self._consumer
+        assert consumer is not None
+        tps = [TopicPartition(self.options.dispatch_topic, p) for p in sorted(self.owned)]
+        begins = await consumer.beginning_offsets(tps) if tps else {}
+        for tp in tps:
+            shard = self.owned[tp.partition]
+            try:
+                if shard.resume_at() < int(begins[tp]):
+                    await self._restore_ucs(shard)
+                await self._republish_ucs(shard)
+            except Exception:
+                log.exception("shard %d: UserConversationState takeover step failed", tp.partition)
 
     async def _session_push(self, shard: OwnedShard, changes: Sequence[SessionChange]) -> None:
         """SESSION_DELTA / BADGE_UPDATE / READ_SYNC after the WriteBatch; never raises."""
@@ -578,6 +693,7 @@ class MailboxNodeService(Service):
                 dormant=self._dormant,
                 on_restore=lambda _p, _s: self.metrics.on_restore(),
             )
+            await self._ucs_takeover(assigned)
             self.quota.request(self.owned)  # I-26: heal a crossing lost by the previous owner
             presence = sorted(tp for tp in assigned if tp.topic == self.options.presence_topic)
             try:
