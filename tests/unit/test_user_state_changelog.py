@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 import faust
 
+from qim.agents.mailbox.shard import OwnedShard
 from qim.core.mailbox import MemoryMailboxStore, commit, materialize
 from qim.core.mailbox.session_store import CONV_STATE, decode_state, state_key, state_prefix
 from qim.schemas.records.dispatch import ShardLogRecord
@@ -16,6 +17,8 @@ from qim.schemas.seqs import compose_mailbox_seq
 from qim.streams.topics import USER_CONVERSATION_STATE_CHANGELOG
 from qim.tables.user_state_changelog import (
     APP_ID,
+    CHANGED_KEY,
+    PUBLISHED_KEY,
     changed_rows,
     changelog_key,
     changelog_records,
@@ -148,3 +151,24 @@ def test_a_faust_table_over_the_topic_reads_the_same_bytes() -> None:
     assert topic.key_serializer == "raw" and topic.value_serializer == "raw"
     assert app.serializers.loads_key(bytes, key, serializer="raw") == key
     assert app.serializers.loads_value(bytes, value, serializer="raw") == value
+
+
+def test_a_shard_counts_its_unpublished_rows_across_restarts() -> None:
+    """``ucs-changed`` is in the fold's WriteBatch, ``ucs-published`` only after the acks: a
+    restart between them sees rows to re-publish; a store folded before the changelog existed
+    (rows, no markers) re-publishes everything once."""
+    store = MemoryMailboxStore()
+    shard = OwnedShard(SHARD, store, CONFIG, EPOCH)
+    assert (shard.ucs_changed, shard.ucs_published) == (0, 0)
+    result = shard.materialize(list(enumerate(_log())))
+    rows = shard.write(result)
+    assert [k for k, _ in rows] == [state_key(T, ME, CONV)]
+    again = OwnedShard(SHARD, store, CONFIG, EPOCH)  # "crashed" before the produce
+    assert again.ucs_changed == result.applied_seq > again.ucs_published == 0
+    again.mark_ucs_published(again.ucs_changed)
+    done = OwnedShard(SHARD, store, CONFIG, EPOCH)
+    assert done.ucs_changed == done.ucs_published == result.applied_seq
+    legacy = MemoryMailboxStore()
+    legacy.apply((k, v) for k, v in store.items() if k not in (CHANGED_KEY, PUBLISHED_KEY))
+    old = OwnedShard(SHARD, legacy, CONFIG, EPOCH)
+    assert old.ucs_changed > old.ucs_published == 0

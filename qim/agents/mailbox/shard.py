@@ -44,6 +44,7 @@ from qim.core.mailbox import (
     retention_sweep,
 )
 from qim.core.mailbox.keys import META
+from qim.core.mailbox.session_store import CONV_STATE
 from qim.core.mailbox.values import ShardMeta, decode_value, decode_vector, encode_vector
 from qim.schemas.records.dispatch import ShardLogRecord, decode_dispatch_record
 from qim.schemas.seqs import split_mailbox_seq
@@ -155,6 +156,9 @@ class OwnedShard:
         self.ucs_published = marker(store, PUBLISHED_KEY)
         """Every ``U`` change through this mailbox_seq is in the UserConversationState
         changelog (decision 41); below ``ucs_changed``: rows to re-publish."""
+        if self.ucs_changed == 0 and next(store.scan(CONV_STATE, CONV_STATE, False), None):
+            # rows folded before the changelog existed: publish them all at takeover
+            self.ucs_changed = max(self.applied_seq, 1)
         self.ucs_before = self.ucs_changed
         """``ucs_changed`` before the last WriteBatch that changed rows: its rows may advance
         ``ucs_published`` only if everything before it is published."""
@@ -233,7 +237,13 @@ class OwnedShard:
     def mark_ucs_published(self, mailbox_seq: int) -> None:
         """Every ``U`` change through ``mailbox_seq`` is acknowledged in the changelog."""
         if mailbox_seq > self.ucs_published:
-            self.store.apply([marker_op(PUBLISHED_KEY, mailbox_seq)])
+            self.ucs_changed = max(self.ucs_changed, mailbox_seq)
+            self.store.apply(
+                [
+                    marker_op(CHANGED_KEY, self.ucs_changed),
+                    marker_op(PUBLISHED_KEY, mailbox_seq),
+                ]
+            )
             self.ucs_published = mailbox_seq
 
     def consumed(self, last_offset: int) -> None:
