@@ -33,6 +33,7 @@ from tests.integration.mailbox_support import (
     Node,
     crash_env,
     direct_dispatches,
+    eventually,
     user_state,
     users_on,
 )
@@ -240,7 +241,14 @@ async def test_kill_9_between_the_writebatch_and_the_changelog_produce_loses_no_
             restarted = Node(stack, workdir)
             await restarted.start()
             await restarted.serving()
-            status = await restarted.applied(CRASH_SHARD, target)
+            await restarted.applied(CRASH_SHARD, target)
+
+            def republished() -> bool:  # the takeover re-publishes after the shard is owned
+                status = restarted.status()["shards"][str(CRASH_SHARD)]
+                return int(status["ucs_published_offset"]) >= target
+
+            await eventually(republished, 60, "the re-publish", restarted.worker.log_tail)
+            status = restarted.status()["shards"][str(CRASH_SHARD)]
             assert status["ucs_published_offset"] == status["ucs_changed_offset"] == target
             after = await asyncio.to_thread(_u_rows, _store(restarted, CRASH_SHARD), tenant)
             assert after == stored  # nothing applied twice

@@ -127,6 +127,8 @@ class MailboxNodeService(Service):
         self._producer: RecoveringProducer | None = None
         self._ucs_producer: RecoveringProducer | None = None
         """The UserConversationState changelog's (idempotent, acks=all: decision 41)."""
+        self._ucs_tasks: set[asyncio.Future[bool]] = set()
+        """Acknowledgement waits of changelog publishes (each advances ``ucs_published``)."""
         self._admin: AIOKafkaAdminClient | None = None
         self.presence = NodePresence()
         self._push_tasks: set[asyncio.Task[None]] = set()
@@ -193,6 +195,8 @@ class MailboxNodeService(Service):
 
     async def on_shutdown(self) -> None:
         """After the tasks are cancelled: publish what is pending, leave the group, close."""
+        if self._ucs_tasks:  # the changelog's last acks advance the markers while stores are open
+            await asyncio.gather(*self._ucs_tasks, return_exceptions=True)
         await self._revoked()
         if self._consumer is not None:
             await self._consumer.stop()
@@ -449,47 +453,85 @@ class MailboxNodeService(Service):
     async def _publish_ucs(
         self, shard: OwnedShard, rows: Sequence[tuple[bytes, bytes | None]], seq: int
     ) -> None:
-        """After the WriteBatch: the batch's ``U`` rows onto the changelog, all sent, then
-        awaited together; ``ucs_published`` advances only over an unbroken acknowledged run, so
-        after a failed publish the rows are re-published from the store (never raises)."""
-        if shard.ucs_published < shard.ucs_before:
-            await self._republish_ucs(shard)  # an earlier batch is not in: the store has it all
+        """After the WriteBatch: the batch's ``U`` rows are handed to the producer (one send
+        each) and their acknowledgements awaited off the fold, in batch order per shard, so the
+        fold never waits for the broker. ``ucs_published`` advances over an unbroken
+        acknowledged run only; after a failure the next batch re-publishes from the store."""
+        if shard.ucs_failed:
+            shard.ucs_failed = not await self._republish_ucs(shard)
             return
         records = changelog_records(rows, mailbox_shard=shard.shard, mailbox_seq=seq)
-        if await self._send_ucs(shard, records):
-            shard.mark_ucs_published(seq)
+        futures = await self._hand_ucs(shard, records)
+        if futures is None:
+            shard.ucs_failed = True
+            return
+        task = asyncio.ensure_future(self._ucs_acked(shard, shard.ucs_acks, futures, seq))
+        shard.ucs_acks = task
+        self._ucs_tasks.add(task)
+        task.add_done_callback(self._ucs_tasks.discard)
 
-    async def _send_ucs(
-        self, shard: OwnedShard, records: Sequence[tuple[bytes, bytes | None]]
+    async def _ucs_acked(
+        self,
+        shard: OwnedShard,
+        previous: asyncio.Future[bool] | None,
+        futures: Sequence[asyncio.Future[Any]],
+        seq: int,
     ) -> bool:
-        producer = self._ucs_producer
-        if producer is None or not records:
-            return producer is not None
-        topic = self.options.ucs_changelog_topic
+        ok = True if previous is None else await previous
         try:
-            futures = [
-                await producer.send(topic, value, key=key, partition=shard.shard)
-                for key, value in records
-            ]
             await asyncio.gather(*futures)
-        except Exception:
-            log.exception("shard %d: UserConversationState changelog publish failed", shard.shard)
+        except Exception as exc:
+            log.warning("shard %d: UserConversationState changelog: %r", shard.shard, exc)
             self.metrics.on_record("dispatch", "ucs_changelog_failed")
+            ok = False
+        if not ok:
+            shard.ucs_failed = True
+            return False
+        try:
+            shard.mark_ucs_published(seq)
+        except Exception:  # the shard was closed meanwhile: the next owner re-publishes
             return False
         return True
 
-    async def _republish_ucs(self, shard: OwnedShard) -> int:
+    async def _hand_ucs(
+        self, shard: OwnedShard, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> list[asyncio.Future[Any]] | None:
+        """Hand ``records`` to the changelog producer; their futures, or None on failure."""
+        producer = self._ucs_producer
+        if producer is None:
+            return None
+        topic = self.options.ucs_changelog_topic
+        try:
+            return [
+                await producer.send(topic, value, key=key, partition=shard.shard)
+                for key, value in records
+            ]
+        except Exception:
+            log.exception("shard %d: UserConversationState changelog send failed", shard.shard)
+            self.metrics.on_record("dispatch", "ucs_changelog_failed")
+            return None
+
+    async def _republish_ucs(self, shard: OwnedShard) -> bool:
         """Re-publish every ``U`` row changed after ``ucs_published`` (a crash or a failed
-        publish left them out); equal values again are harmless (compacted, latest wins)."""
+        publish left them out) and wait for it; equal values again are harmless (compacted,
+        latest wins). False if it failed."""
         changed = shard.ucs_changed
         if changed <= shard.ucs_published:
-            return 0
+            return True
         rows = list(unpublished_rows(shard.store, shard.ucs_published))
         records = changelog_records(rows, mailbox_shard=shard.shard, mailbox_seq=changed)
-        if await self._send_ucs(shard, records):
-            shard.mark_ucs_published(changed)
-            log.info("shard %d: re-published %d UserConversationState rows", shard.shard, len(rows))
-        return len(rows)
+        futures = await self._hand_ucs(shard, records)
+        if futures is None:
+            return False
+        try:
+            await asyncio.gather(*futures)
+        except Exception:
+            log.exception("shard %d: UserConversationState re-publish failed", shard.shard)
+            self.metrics.on_record("dispatch", "ucs_changelog_failed")
+            return False
+        shard.mark_ucs_published(changed)
+        log.info("shard %d: re-published %d UserConversationState rows", shard.shard, len(rows))
+        return True
 
     async def _restore_ucs(self, shard: OwnedShard) -> int:
         """Takeover after the log's retention: bring the ``U`` rows back from the changelog
@@ -528,7 +570,7 @@ class MailboxNodeService(Service):
             try:
                 if shard.resume_at() < int(begins[tp]):
                     await self._restore_ucs(shard)
-                await self._republish_ucs(shard)
+                shard.ucs_failed = not await self._republish_ucs(shard)
             except Exception:
                 log.exception("shard %d: UserConversationState takeover step failed", tp.partition)
 

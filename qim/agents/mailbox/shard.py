@@ -21,6 +21,7 @@ consumer always starts at ``resume_offset(W, epoch)`` (10.4.2 (1), M-2).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import time
@@ -162,6 +163,10 @@ class OwnedShard:
         self.ucs_before = self.ucs_changed
         """``ucs_changed`` before the last WriteBatch that changed rows: its rows may advance
         ``ucs_published`` only if everything before it is published."""
+        self.ucs_failed = False
+        """A changelog publish failed: the next one re-publishes from the store."""
+        self.ucs_acks: asyncio.Future[bool] | None = None
+        """The last publish's acknowledgement wait (the next one waits for it first)."""
         self.ucs_restored: int | None = None
         """Rows restored from the changelog at takeover (None: no restore)."""
 
