@@ -514,7 +514,10 @@ class MailboxNodeService(Service):
     async def _republish_ucs(self, shard: OwnedShard) -> bool:
         """Re-publish every ``U`` row changed after ``ucs_published`` (a crash or a failed
         publish left them out) and wait for it; equal values again are harmless (compacted,
-        latest wins). False if it failed."""
+        latest wins). False if it failed. Publishes still waiting for their acknowledgements
+        end first, so no older value of a row can land after the re-published one."""
+        if shard.ucs_acks is not None and not shard.ucs_acks.done():
+            await asyncio.wait([shard.ucs_acks])
         changed = shard.ucs_changed
         if changed <= shard.ucs_published:
             return True
