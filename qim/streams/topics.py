@@ -202,6 +202,21 @@ USER_DEVICES_CHANGELOG = TopicSpec(
     producer="NotificationService (table `user_devices`: device ids with a token, VoIP fan-out)",
     consumer="NotificationService taking a partition over (Faust table recovery)",
 )
+USER_CONVERSATION_STATE_CHANGELOG = TopicSpec(
+    # Faust's name for a table `UserConversationState` of the app `qim-mailbox`
+    # (qim.tables.user_state_changelog.declare_table reads it as one); written by the
+    # MailboxNode itself after each WriteBatch that changed U rows (topology.md decision 41).
+    name="qim-mailbox-UserConversationState-changelog",
+    partitions_param="mailbox_shard_count",
+    partitioned_by="explicit partition = mailbox_shard_id of the user",
+    key="(tenant, user_id, conversation_id)",
+    cleanup="compact",
+    retention_ms=None,
+    producer="MailboxNode (the U rows of each WriteBatch, with the dispatch offset they were "
+    "folded from)",
+    consumer="MailboxNode taking a shard over on an empty disk after the dispatch log's "
+    "retention (restore, then replay the log on top)",
+)
 PREKEY_REQUESTS = TopicSpec(
     name="qim.prekey-requests",
     partitions_param="prekey_partition_count",
@@ -287,6 +302,7 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     DEVICE_TOKENS_CHANGELOG,
     PUSH_DEVICE_STATE_CHANGELOG,
     USER_DEVICES_CHANGELOG,
+    USER_CONVERSATION_STATE_CHANGELOG,
     PREKEY_REQUESTS,
     PREKEY_BUNDLES_CHANGELOG,
     REVOCATIONS,

@@ -71,10 +71,19 @@ from qim.core.mailbox.sessions import SessionChange
 from qim.schemas.records.dispatch import GroupDispatch, ShardLogRecord
 from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
-from qim.streams.producer import RecoveringProducer, replaced_counter
+from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
 from qim.streams.topics import DEVICE_TOKEN_DIGEST, PUSH_TASKS
 from qim.tables.mailbox_checkpoint import create_checkpoint, ship_checkpoint
 from qim.tables.mailbox_store import MailboxStore
+from qim.tables.user_state_changelog import (
+    CHANGED_KEY,
+    PUBLISHED_KEY,
+    changelog_records,
+    marker_op,
+    read_changelog,
+    restore_ops,
+    unpublished_rows,
+)
 
 __all__ = ["MailboxNodeService"]
 
@@ -116,6 +125,10 @@ class MailboxNodeService(Service):
         )
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: RecoveringProducer | None = None
+        self._ucs_producer: RecoveringProducer | None = None
+        """The UserConversationState changelog's (idempotent, acks=all: decision 41)."""
+        self._ucs_tasks: set[asyncio.Future[bool]] = set()
+        """Acknowledgement waits of changelog publishes (each advances ``ucs_published``)."""
         self._admin: AIOKafkaAdminClient | None = None
         self.presence = NodePresence()
         self._push_tasks: set[asyncio.Task[None]] = set()
@@ -163,6 +176,16 @@ class MailboxNodeService(Service):
             ).inc(),
         )
         await self._producer.start()
+        self._ucs_producer = durable_producer(
+            opts.bootstrap,
+            name="ucs_changelog",
+            linger_ms=2,
+            client_id=f"{opts.client_id}-ucs",
+            on_replaced=lambda reason: self.producer_replaced.labels(
+                producer="ucs_changelog", reason=reason
+            ).inc(),
+        )
+        await self._ucs_producer.start()
         self.digests.start()
         consumer = opts.consumer(ShardAssignor)
         await consumer.start()
@@ -172,6 +195,8 @@ class MailboxNodeService(Service):
 
     async def on_shutdown(self) -> None:
         """After the tasks are cancelled: publish what is pending, leave the group, close."""
+        if self._ucs_tasks:  # the changelog's last acks advance the markers while stores are open
+            await asyncio.gather(*self._ucs_tasks, return_exceptions=True)
         await self._revoked()
         if self._consumer is not None:
             await self._consumer.stop()
@@ -185,6 +210,8 @@ class MailboxNodeService(Service):
         await self.quota.stop()
         if self._producer is not None:
             await self._producer.stop()
+        if self._ucs_producer is not None:
+            await self._ucs_producer.stop()
         if self._admin is not None:
             await self._admin.close()
 
@@ -379,8 +406,10 @@ class MailboxNodeService(Service):
                 if crash.armed("committed", shard.shard, first, last):
                     await self._commit_floor(tp, last + 1, result.watermark_floor)
                     crash.crash()
-                shard.write(result)
+                ucs_rows = shard.write(result)
                 if crash.armed("written", shard.shard, first, last):
+                    crash.crash()
+                if ucs_rows and crash.armed("ustate", shard.shard, first, last):
                     crash.crash()
             except Exception:
                 log.exception(
@@ -389,6 +418,8 @@ class MailboxNodeService(Service):
                 self.metrics.on_write_failed(shard.shard)
                 self._retry_from(tp, shard)
                 return
+            if ucs_rows:
+                await self._publish_ucs(shard, ucs_rows, result.applied_seq)
             seconds, regressed = time.perf_counter() - started, result.applied_seq < before
             newest = max(
                 (r.committed_at for _, r in batch if isinstance(r, GroupDispatch)), default=0
@@ -416,6 +447,135 @@ class MailboxNodeService(Service):
                     on_failed=lambda: self.quota.request([shard.shard]),
                 )
         shard.consumed(records[-1].offset)
+
+    # -- UserConversationState changelog (decision 41) ---------------------------------------------
+
+    async def _publish_ucs(
+        self, shard: OwnedShard, rows: Sequence[tuple[bytes, bytes | None]], seq: int
+    ) -> None:
+        """After the WriteBatch: the batch's ``U`` rows are handed to the producer (one send
+        each) and their acknowledgements awaited off the fold, in batch order per shard, so the
+        fold never waits for the broker. ``ucs_published`` advances over an unbroken
+        acknowledged run only; after a failure the next batch re-publishes from the store."""
+        if shard.ucs_failed:
+            shard.ucs_failed = not await self._republish_ucs(shard)
+            return
+        records = changelog_records(rows, mailbox_shard=shard.shard, mailbox_seq=seq)
+        futures = await self._hand_ucs(shard, records)
+        if futures is None:
+            shard.ucs_failed = True
+            return
+        task = asyncio.ensure_future(self._ucs_acked(shard, shard.ucs_acks, futures, seq))
+        shard.ucs_acks = task
+        self._ucs_tasks.add(task)
+        task.add_done_callback(self._ucs_tasks.discard)
+
+    async def _ucs_acked(
+        self,
+        shard: OwnedShard,
+        previous: asyncio.Future[bool] | None,
+        futures: Sequence[asyncio.Future[Any]],
+        seq: int,
+    ) -> bool:
+        ok = True if previous is None else await previous
+        try:
+            await asyncio.gather(*futures)
+        except Exception as exc:
+            log.warning("shard %d: UserConversationState changelog: %r", shard.shard, exc)
+            self.metrics.on_record("dispatch", "ucs_changelog_failed")
+            ok = False
+        if not ok:
+            shard.ucs_failed = True
+            return False
+        try:
+            shard.mark_ucs_published(seq)
+        except Exception:  # the shard was closed meanwhile: the next owner re-publishes
+            return False
+        return True
+
+    async def _hand_ucs(
+        self, shard: OwnedShard, records: Sequence[tuple[bytes, bytes | None]]
+    ) -> list[asyncio.Future[Any]] | None:
+        """Hand ``records`` to the changelog producer; their futures, or None on failure."""
+        producer = self._ucs_producer
+        if producer is None:
+            return None
+        topic = self.options.ucs_changelog_topic
+        try:
+            return [
+                await producer.send(topic, value, key=key, partition=shard.shard)
+                for key, value in records
+            ]
+        except Exception:
+            log.exception("shard %d: UserConversationState changelog send failed", shard.shard)
+            self.metrics.on_record("dispatch", "ucs_changelog_failed")
+            return None
+
+    async def _republish_ucs(self, shard: OwnedShard) -> bool:
+        """Re-publish every ``U`` row changed after ``ucs_published`` (a crash or a failed
+        publish left them out) and wait for it; equal values again are harmless (compacted,
+        latest wins). False if it failed. Publishes still waiting for their acknowledgements
+        end first, so no older value of a row can land after the re-published one."""
+        if shard.ucs_acks is not None and not shard.ucs_acks.done():
+            await asyncio.wait([shard.ucs_acks])
+        changed = shard.ucs_changed
+        if changed <= shard.ucs_published:
+            return True
+        rows = list(unpublished_rows(shard.store, shard.ucs_published))
+        records = changelog_records(rows, mailbox_shard=shard.shard, mailbox_seq=changed)
+        futures = await self._hand_ucs(shard, records)
+        if futures is None:
+            return False
+        try:
+            await asyncio.gather(*futures)
+        except Exception:
+            log.exception("shard %d: UserConversationState re-publish failed", shard.shard)
+            self.metrics.on_record("dispatch", "ucs_changelog_failed")
+            return False
+        shard.mark_ucs_published(changed)
+        log.info("shard %d: re-published %d UserConversationState rows", shard.shard, len(rows))
+        return True
+
+    async def _restore_ucs(self, shard: OwnedShard) -> int:
+        """Takeover after the log's retention: bring the ``U`` rows back from the changelog
+        before the log's remaining tail is replayed on top (``apply_command`` skips what a
+        restored row already reflects)."""
+        rows = await read_changelog(
+            self.options.bootstrap,
+            self.options.ucs_changelog_topic,
+            shard.shard,
+            client_id=f"{self.options.client_id}-ucs-restore",
+        )
+        ops, newest = restore_ops(shard.store, rows)
+        if ops:
+            changed = max(shard.ucs_changed, newest)
+            published = max(shard.ucs_published, newest)
+            shard.store.apply(
+                (*ops, marker_op(CHANGED_KEY, changed), marker_op(PUBLISHED_KEY, published))
+            )
+            shard.ucs_changed, shard.ucs_published = changed, published
+        shard.ucs_restored = len(ops)
+        log.info(
+            "shard %d: restored %d UserConversationState rows from the changelog (%d read)",
+            shard.shard, len(ops), len(rows),
+        )  # fmt: skip
+        return len(ops)
+
+    async def _ucs_takeover(self, assigned: set[TopicPartition]) -> None:
+        """Per owned shard: restore from the changelog when the records the store needs have
+        left the dispatch log, then re-publish what a crash left unpublished."""
+        consumer = self._consumer
+        assert consumer is not None
+        tps = [TopicPartition(self.options.dispatch_topic, p) for p in sorted(self.owned)]
+        begins = await consumer.beginning_offsets(tps) if tps else {}
+        for tp in tps:
+            shard = self.owned[tp.partition]
+            try:
+                if shard.resume_at() < int(begins[tp]):
+                    await self._restore_ucs(shard)
+                shard.ucs_failed = not await self._republish_ucs(shard)
+            except Exception:
+                log.exception("shard %d: UserConversationState takeover step failed", tp.partition)
 
     async def _session_push(self, shard: OwnedShard, changes: Sequence[SessionChange]) -> None:
         """SESSION_DELTA / BADGE_UPDATE / READ_SYNC after the WriteBatch; never raises."""
@@ -578,6 +738,7 @@ class MailboxNodeService(Service):
                 dormant=self._dormant,
                 on_restore=lambda _p, _s: self.metrics.on_restore(),
             )
+            await self._ucs_takeover(assigned)
             self.quota.request(self.owned)  # I-26: heal a crossing lost by the previous owner
             presence = sorted(tp for tp in assigned if tp.topic == self.options.presence_topic)
             try:

@@ -45,7 +45,14 @@ from qim.core.sync import CursorKey, CursorKeyRing, PullLimits
 from qim.params import Settings
 from qim.schemas.seqs import MAX_EPOCH
 from qim.streams.fetching import hot_fetch
-from qim.streams.topics import DISPATCH, PRESENCE, TO_GATEWAY, USER_QUOTA, USER_REQUESTS
+from qim.streams.topics import (
+    DISPATCH,
+    PRESENCE,
+    TO_GATEWAY,
+    USER_CONVERSATION_STATE_CHANGELOG,
+    USER_QUOTA,
+    USER_REQUESTS,
+)
 
 __all__ = [
     "CRASH_STEPS",
@@ -61,7 +68,7 @@ GROUP_ID: Final = "qim-mailbox-nodes"
 """Not the app id ``qim-mailbox``: Faust's own worker consumer already joins that group with its
 own assignor protocol, and a member with another protocol would be refused by the coordinator."""
 
-CRASH_STEPS: Final = ("committed", "written")
+CRASH_STEPS: Final = ("committed", "written", "ustate")
 DEFAULT_CURSOR_KEYS_PATH: Final = Path(__file__).resolve().parents[2] / ".run" / "cursor-keys"
 KAFKA_RECORD_BUDGET: Final = 1_000_000
 """A reply is one Kafka record: the broker's default ``message.max.bytes`` (1 MiB) caps a
@@ -75,6 +82,8 @@ class CrashHook:
     ``committed``: the dispatch offsets (and published floor) were committed, the WriteBatch
     was not written -- the "commit, then materialize" order spec 10.4.2 (1) warns about (M-2).
     ``written``: the WriteBatch is durable, nothing was committed.
+    ``ustate``: the WriteBatch changed ``U`` rows and is durable, its UserConversationState
+    changelog records were not produced (decision 41); only a batch that changed rows arms it.
     """
 
     step: str | None = None
@@ -254,6 +263,10 @@ class MailboxOptions:
             enable_auto_commit=False,
             fetch_max_wait_ms=100,
         )
+
+    @property
+    def ucs_changelog_topic(self) -> str:
+        return USER_CONVERSATION_STATE_CHANGELOG.name
 
     def reply_producer(self) -> AIOKafkaProducer:
         return AIOKafkaProducer(

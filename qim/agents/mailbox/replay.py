@@ -95,8 +95,9 @@ def _meta(store: MailboxStore) -> ShardMeta:
 
 
 def _data(store: MailboxStore) -> Iterator[tuple[bytes, bytes]]:
-    """The folded state: everything but the store's log binding (``bind_identity``)."""
-    return ((k, v) for k, v in store.items() if k != IDENTITY_KEY)
+    """The folded state: everything but the shell's bookkeeping under ``00`` (the log binding
+    of ``bind_identity``, the UserConversationState changelog markers)."""
+    return ((k, v) for k, v in store.items() if k != IDENTITY_KEY and k[:1] != b"\x00")
 
 
 def _require_fresh(out_dir: Path) -> None:

@@ -21,6 +21,7 @@ consumer always starts at ``resume_offset(W, epoch)`` (10.4.2 (1), M-2).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
 import time
@@ -44,9 +45,17 @@ from qim.core.mailbox import (
     retention_sweep,
 )
 from qim.core.mailbox.keys import META
+from qim.core.mailbox.session_store import CONV_STATE
 from qim.core.mailbox.values import ShardMeta, decode_value, decode_vector, encode_vector
 from qim.schemas.records.dispatch import ShardLogRecord, decode_dispatch_record
 from qim.schemas.seqs import split_mailbox_seq
+from qim.tables.user_state_changelog import (
+    CHANGED_KEY,
+    PUBLISHED_KEY,
+    changed_rows,
+    marker,
+    marker_op,
+)
 
 __all__ = [
     "FLOOR_METADATA",
@@ -143,6 +152,23 @@ class OwnedShard:
         """``applied_seq`` when the store was opened: a restored checkpoint's id."""
         self.checkpointed_seq: int | None = None
         """``applied_seq`` of the last checkpoint this node shipped."""
+        self.ucs_changed = marker(store, CHANGED_KEY)
+        """mailbox_seq of the last WriteBatch that changed ``U`` rows (in that WriteBatch)."""
+        self.ucs_published = marker(store, PUBLISHED_KEY)
+        """Every ``U`` change through this mailbox_seq is in the UserConversationState
+        changelog (decision 41); below ``ucs_changed``: rows to re-publish."""
+        if self.ucs_changed == 0 and next(store.scan(CONV_STATE, CONV_STATE, False), None):
+            # rows folded before the changelog existed: publish them all at takeover
+            self.ucs_changed = max(self.applied_seq, 1)
+        self.ucs_before = self.ucs_changed
+        """``ucs_changed`` before the last WriteBatch that changed rows: its rows may advance
+        ``ucs_published`` only if everything before it is published."""
+        self.ucs_failed = False
+        """A changelog publish failed: the next one re-publishes from the store."""
+        self.ucs_acks: asyncio.Future[bool] | None = None
+        """The last publish's acknowledgement wait (the next one waits for it first)."""
+        self.ucs_restored: int | None = None
+        """Rows restored from the changelog at takeover (None: no restore)."""
 
     # -- takeover ------------------------------------------------------------------------------
 
@@ -188,9 +214,18 @@ class OwnedShard:
             slice_cache=self.slice_cache,
         )
 
-    def write(self, result: MaterializeResult) -> None:
-        """Commit ``result`` as one WriteBatch, then take its W[] as the shard's."""
-        self.store.apply(result.ops)
+    def write(self, result: MaterializeResult) -> list[tuple[bytes, bytes | None]]:
+        """Commit ``result`` as one WriteBatch, then take its W[] as the shard's; returns the
+        ``U`` rows it changed (for the UserConversationState changelog). A batch that changed
+        some records ``ucs_changed`` in the same WriteBatch, so a crash before they are
+        published is seen at the next takeover."""
+        rows = changed_rows(result.ops)
+        if rows:
+            self.store.apply((*result.ops, marker_op(CHANGED_KEY, result.applied_seq)))
+            self.ucs_before = self.ucs_changed
+            self.ucs_changed = max(self.ucs_changed, result.applied_seq)
+        else:
+            self.store.apply(result.ops)
         now = time.monotonic()
         for lane, (old, new) in enumerate(zip(self.watermarks, result.watermarks, strict=True)):
             if new > old:
@@ -202,6 +237,19 @@ class OwnedShard:
         raw = self.store.get(META)
         if raw is not None:
             self.log_now_ms = decode_value(raw, ShardMeta).log_now_ms
+        return rows
+
+    def mark_ucs_published(self, mailbox_seq: int) -> None:
+        """Every ``U`` change through ``mailbox_seq`` is acknowledged in the changelog."""
+        if mailbox_seq > self.ucs_published:
+            self.ucs_changed = max(self.ucs_changed, mailbox_seq)
+            self.store.apply(
+                [
+                    marker_op(CHANGED_KEY, self.ucs_changed),
+                    marker_op(PUBLISHED_KEY, mailbox_seq),
+                ]
+            )
+            self.ucs_published = mailbox_seq
 
     def consumed(self, last_offset: int) -> None:
         """Every record up to ``last_offset`` was folded (or skipped as malformed)."""
@@ -254,4 +302,7 @@ class OwnedShard:
                 if self.checkpointed_seq is None
                 else split_mailbox_seq(self.checkpointed_seq)[1]
             ),
+            "ucs_changed_offset": split_mailbox_seq(self.ucs_changed)[1],
+            "ucs_published_offset": split_mailbox_seq(self.ucs_published)[1],
+            "ucs_restored_rows": self.ucs_restored,
         }

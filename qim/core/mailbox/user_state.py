@@ -84,6 +84,11 @@ def apply_command(sessions: SessionFolds, seq: int, c: UserStateCommand) -> list
     tenant, user, conv = c.tenant_id, c.user_id, c.conversation_id
     raw = sessions.kv.get(state_key(tenant, user, conv))
     old = UserConversationState(conversation_id=conv) if raw is None else decode_state(raw)
+    if old.updated_activity_id >= seq:
+        # The row already reflects this position: restored from the UserConversationState
+        # changelog (or a checkpoint) ahead of the log being replayed. Never true in log order
+        # (a change stamps its own, larger seq), so a plain replay is unchanged.
+        return []
     row = sessions.projection(tenant, user, [conv]).rows.get(conv)
     change = change_of(c, 0 if row is None else row.latest_conversation_seq)
     if change is None:
