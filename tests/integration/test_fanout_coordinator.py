@@ -465,6 +465,43 @@ async def test_a_crash_between_produce_and_commit_redispatches_the_same_dispatch
     assert all(counts[d.dispatch_id] == 2 for d in again)
 
 
+class HoldFirstCommit:
+    """A ``before_commit`` hook that holds the first OffsetCommit until released."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[int, int]] = []
+        self.release = asyncio.Event()
+
+    async def __call__(self, offsets: Mapping[int, int]) -> None:
+        self.calls.append(dict(offsets))
+        if len(self.calls) == 1:
+            await self.release.wait()
+
+
+async def test_a_held_offset_commit_holds_back_no_dispatch_and_the_next_carries_every_partition(
+    pipeline: Pipeline,
+) -> None:
+    """Issue 13: a step hands its acknowledged offset to the committer and ends, so the
+    partitions keep fanning out while an OffsetCommit is in flight, and what they handed over
+    meanwhile goes out as one request (one commit at a time, every partition in it)."""
+    outbox = _busy_outbox()
+    hook = HoldFirstCommit()
+    async with running(
+        FanoutCoordinatorService(pipeline.options(max_records=4), before_commit=hook)
+    ):
+        await eventually(lambda: asyncio.sleep(0, bool(hook.calls)), "the first commit")
+        async with FakeWriter(pipeline, outbox) as writer:
+            for start in range(0, len(outbox.log), 5):
+                await writer.commit(list(range(start, min(start + 5, len(outbox.log)))))
+        await assert_audit_clean(pipeline)  # every record fanned out, the first commit held
+        assert len(hook.calls) == 1
+        hook.release.set()
+        await eventually(lambda: caught_up(pipeline), "the held offsets to be committed")
+    partitions = {partition_of(record) for record in outbox.log}
+    assert len(partitions) > 1
+    assert partitions <= set(hook.calls[1]), hook.calls
+
+
 async def test_a_restart_rebuilds_membership_from_the_writer_checkpoint_below_its_commit(
     pipeline: Pipeline,
 ) -> None:

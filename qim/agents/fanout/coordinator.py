@@ -19,17 +19,22 @@ for another's acks, and the consumer keeps prefetching. A step:
    with a plain producer, ``acks="all"``, ``enable_idempotence=False`` (spec 6.5 / ADR-0017:
    idempotence would cap the requests in flight; duplicates are absorbed by the MailboxNode's
    dispatch-id dedup), and the futures are gathered;
-3. only then the partition's commit offset is committed (ADR-0012; commits go one at a time, as
-   aiokafka sends them anyway). A failed produce or commit drops the partition's state and
-   recovers it again from the committed offset: what was produced goes out again, with the same
-   ``dispatch_id``. A partition whose offset moves without records (past the transaction
-   markers read_committed skips, or a recovered start) gets a step without records.
+3. only then the partition's commit offset is handed to the committer (ADR-0012: a commit
+   never passes a record whose dispatches were not acknowledged) and the step ends: the
+   partition's next step does not wait for the OffsetCommit round trip. The committer sends
+   one OffsetCommit at a time, each carrying every partition's newest acknowledged offset, so
+   the offsets handed over while one is in flight share the next request (issue 13: one request
+   per round instead of one per step and partition). A failed produce or commit drops the
+   partition's state and recovers it again from the committed offset: what was produced goes out
+   again, with the same ``dispatch_id``. A partition whose offset moves without records (past the
+   transaction markers read_committed skips, or a recovered start) gets a step without records.
 
 Recovery (``fanout_recovery``) runs in this loop for newly assigned partitions, which are
 paused until it has rebuilt their state up to the committed offset and sought there. On
 revocation (aiokafka rebalances eagerly) the listener keeps the states dormant for a quick
-return and waits for the steps in flight, so their commits land before the partitions move.
-A stop cancels the steps: nothing is committed that was not acknowledged.
+return, waits for the steps in flight and sends what they handed to the committer, so their
+commits land before the partitions move. A stop cancels the steps and the committer: nothing is
+committed that was not acknowledged (what was acknowledged and not committed goes out again).
 """
 
 from __future__ import annotations
@@ -61,8 +66,9 @@ __all__ = ["BeforeCommit", "FanoutCoordinatorService", "register"]
 log = logging.getLogger(__name__)
 
 BeforeCommit = Callable[[Mapping[int, int]], Awaitable[None]]
-"""Test seam: awaited after a step's acks, before its commit (``{partition: offset}``); one
-call at a time, and no commit runs while it is awaited."""
+"""Test seam: awaited after the acks, before the commit of the offsets it is given
+(``{partition: offset}``, every partition of one OffsetCommit); one call at a time, and no
+commit runs while it is awaited."""
 
 
 class _Listener(ConsumerRebalanceListener):  # type: ignore[misc]  # aiokafka is untyped
@@ -106,6 +112,10 @@ class FanoutCoordinatorService(Service):
         self._dormant: dict[int, PartitionFanout] = {}
         self._recoveries: dict[int, dict[str, Any]] = {}
         self._committed: dict[int, int] = {}
+        self._to_commit: dict[int, int] = {}
+        """Acknowledged commit offsets not yet sent, by partition (the committer's queue)."""
+        self._commit_wanted = asyncio.Event()
+        self._committer: asyncio.Task[None] | None = None
         self._reported = 0.0
 
     def status(self) -> dict[str, Any]:
@@ -139,10 +149,16 @@ class FanoutCoordinatorService(Service):
         await consumer.start()
         consumer.subscribe([self.options.outbox_topic], listener=_Listener(self))
         self._consumer = consumer
+        self._committer = asyncio.create_task(self._commit_loop(consumer), name="fanout-commits")
+        self._committer.add_done_callback(_log_failure)
 
     async def on_shutdown(self) -> None:
-        """After the loop is cancelled: cancel the steps, leave the group, stop the producer;
-        commit nothing more."""
+        """After the loop is cancelled: cancel the steps and the committer, leave the group,
+        stop the producer; commit nothing more."""
+        committer, self._committer = self._committer, None
+        if committer is not None:
+            committer.cancel()
+            await asyncio.gather(committer, return_exceptions=True)
         tasks = list(self._inflight.values())
         for task in tasks:
             task.cancel()
@@ -215,8 +231,9 @@ class FanoutCoordinatorService(Service):
                 observe(self.metrics, fed, time.time())
             if not self._queued.get(p):  # else the position is past records not yet fed
                 await self._seen(consumer, p, part)
-            if part.commit_offset > self._committed.get(p, -1):
-                await self._commit(consumer, p, part.commit_offset)
+            if part.commit_offset > self._commit_floor(p):
+                self._to_commit[p] = part.commit_offset
+                self._commit_wanted.set()
         finally:
             self._inflight.pop(p, None)
         queued = self._queued.pop(p, [])
@@ -226,20 +243,38 @@ class FanoutCoordinatorService(Service):
                     consumer.resume(TopicPartition(self.options.outbox_topic, p))
             self._start(consumer, p, part, queued)
 
-    async def _commit(self, consumer: AIOKafkaConsumer, p: int, offset: int) -> None:
+    def _commit_floor(self, p: int) -> int:
+        """The highest offset of ``p`` committed or handed to the committer."""
+        return max(self._committed.get(p, -1), self._to_commit.get(p, -1))
+
+    async def _commit_loop(self, consumer: AIOKafkaConsumer) -> None:
+        """The committer: one OffsetCommit at a time with everything handed over meanwhile."""
+        while True:
+            await self._commit_wanted.wait()
+            self._commit_wanted.clear()
+            await self._commit(consumer)
+
+    async def _commit(self, consumer: AIOKafkaConsumer) -> None:
+        """Commit every partition's newest acknowledged offset in one request."""
         async with self._commit_lock:
+            offsets = {p: o for p, o in self._to_commit.items() if o > self._committed.get(p, -1)}
+            self._to_commit.clear()
+            if not offsets:
+                return
+            topic = self.options.outbox_topic
             try:
                 if self._before_commit is not None:
-                    await self._before_commit({p: offset})
-                await consumer.commit({TopicPartition(self.options.outbox_topic, p): offset})
+                    await self._before_commit(offsets)
+                await consumer.commit({TopicPartition(topic, p): o for p, o in offsets.items()})
                 self.metrics.commits.inc()
-                self._committed[p] = offset
+                self._committed.update(offsets)
             except (CommitFailedError, IllegalStateError) as exc:
-                log.info("p%d: outbox commit refused (%r): it moved in a rebalance", p, exc)
+                log.info("outbox commit of %s refused (%r): moved in a rebalance", offsets, exc)
             except Exception:
-                log.exception("p%d: outbox commit failed; recovering it", p)
+                log.exception("outbox commit of %s failed; recovering them", offsets)
                 self.metrics.batch_failures.inc()
-                self._reset(consumer, p)
+                for p in offsets:
+                    self._reset(consumer, p)
 
     def _pause(self, consumer: AIOKafkaConsumer, p: int) -> None:
         with contextlib.suppress(IllegalStateError):
@@ -260,7 +295,7 @@ class FanoutCoordinatorService(Service):
         await self._seen(consumer, p, part)
         if self._parts.get(p) is not part or p in self._inflight:
             return False
-        return part.commit_offset > self._committed.get(p, -1)
+        return part.commit_offset > self._commit_floor(p)
 
     # -- rebalance and recovery ------------------------------------------------------------------
 
@@ -275,6 +310,9 @@ class FanoutCoordinatorService(Service):
         tasks = list(self._inflight.values())
         if tasks:  # the steps in flight commit before the partitions move
             await asyncio.wait(tasks)
+        consumer = self._consumer
+        if consumer is not None and self._committer is not None and not self._committer.done():
+            await self._commit(consumer)  # what the steps handed over, before they move
 
     def _assigned_partitions(self, partitions: set[int]) -> None:
         self._assigned = set(partitions)

@@ -69,6 +69,7 @@ from qim.agents.writer.user_quota import UserQuotaFollower
 from qim.core.conversation import WriterFencedError
 from qim.core.transient import TypingGate
 from qim.schemas.routing import connection_shard_id, user_bucket
+from qim.streams import txn_retries
 from qim.streams.fetching import hot_fetch
 from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
 from qim.tables.message_store import MessageStore
@@ -164,8 +165,17 @@ class ConversationWriterService(Service):
 
     # -- lifecycle -------------------------------------------------------------------------------
 
+    def _concurrent_transactions(self, transactional_id: str, kind: str) -> None:
+        """A CONCURRENT_TRANSACTIONS answer to one of this process's producers
+        (``qim.streams.txn_retries``): counted when the producer is one of the writer's."""
+        if transactional_id.startswith(f"{self.options.transactional_id_prefix}-"):
+            self.metrics.concurrent_transactions.labels(kind).inc()
+
     async def on_start(self) -> None:
         opts = self.options
+        txn_retries.add_listener(self._concurrent_transactions)
+        if opts.txn_retry_backoff_ms is not None:
+            txn_retries.set_retry_backoff_ms(opts.txn_retry_backoff_ms)
         self._topics, partitions = await describe_topics(opts)
         # Replies leave after their transaction commits, all partitions through one producer
         # (txn.OwnedPartition._reply): a resend after a replacement is a duplicate reply at
@@ -230,6 +240,7 @@ class ConversationWriterService(Service):
         if self._replies is not None:
             await self._replies.stop()
         await self.quota.stop()
+        txn_retries.remove_listener(self._concurrent_transactions)
 
     def _connection_shard(self, tenant_id: str, user_id: str) -> int:
         """A user's ConnectionShard (spec 5.2), where its REACTION_UPDATEs go."""

@@ -84,6 +84,13 @@ class WriterMetrics:
             "qim_writer_transaction_seconds", "begin -> commit of one transaction",
             registry=r, buckets=_TXN_BUCKETS,
         )  # fmt: skip
+        self.concurrent_transactions = Counter(
+            "qim_writer_concurrent_transactions_total",
+            "coordinator answers CONCURRENT_TRANSACTIONS to the writer's producers (each a retry)",
+            labelnames=("kind",), registry=r,
+        )  # fmt: skip
+        for kind in ("add_partitions", "add_offsets", "end_txn"):
+            self.concurrent_transactions.labels(kind)  # 0 is a reading too
         self.quota_refused = Counter(
             "qim_writer_quota_refused_total", "requests refused at a limit (20.4.1 rule 3)",
             labelnames=("tenant", "dimension"), registry=r,

@@ -19,6 +19,9 @@ cover is ours and documented on the fields. Environment variables beyond ``QIM_<
   (``WriterOptions.linger_ms``, ``min_batch``; measured in ``bench/README.md`` round 4);
 * ``QIM_WRITER_EARLY_OFFSETS`` (``1``/``0``) -- the offsets' round trips overlap the produce
   acknowledgements (``WriterOptions.early_offsets``; bench/README.md round 5);
+* ``QIM_WRITER_TXN_RETRY_BACKOFF_MS`` -- the wait before a transaction's first
+  AddPartitionsToTxn is retried after CONCURRENT_TRANSACTIONS
+  (``WriterOptions.txn_retry_backoff_ms``, ``qim.streams.txn_retries``; bench/README.md round 6);
 * ``QIM_WRITER_CRASH_AT`` / ``QIM_WRITER_CRASH_CMID`` -- the crash test hook (``writer_txn``).
 """
 
@@ -123,6 +126,10 @@ class WriterOptions:
     """Request the offsets' AddOffsetsToTxn + TxnOffsetCommit while the produce
     acknowledgements are awaited (they do not depend on them; the commit still waits for every
     send). Off: after the acknowledgements, in series."""
+    txn_retry_backoff_ms: int | None = None
+    """aiokafka's wait before retrying a transaction's first AddPartitionsToTxn refused with
+    CONCURRENT_TRANSACTIONS (the previous transaction's markers not yet written); None keeps
+    aiokafka's 20 ms. Process-wide (``qim.streams.txn_retries.set_retry_backoff_ms``)."""
     restore_concurrency: int = 4
     region_id: int = 0
     crash: CrashHook = field(default_factory=CrashHook)
@@ -161,6 +168,7 @@ class WriterOptions:
             linger_ms=int(env.get("QIM_WRITER_LINGER_MS", LINGER_MS)),
             min_batch=int(env.get("QIM_WRITER_MIN_BATCH", "500")),
             early_offsets=env.get("QIM_WRITER_EARLY_OFFSETS", "1") != "0",
+            txn_retry_backoff_ms=_optional_int(env.get("QIM_WRITER_TXN_RETRY_BACKOFF_MS")),
             region_id=int(env.get("QIM_REGION_ID", "0")),
             crash=CrashHook.from_env(env),
         )
@@ -168,6 +176,8 @@ class WriterOptions:
     def __post_init__(self) -> None:
         if self.linger_ms < 0 or self.min_batch < 1:
             raise ValueError("QIM_WRITER_LINGER_MS must be >= 0 and QIM_WRITER_MIN_BATCH >= 1")
+        if self.txn_retry_backoff_ms is not None and self.txn_retry_backoff_ms < 0:
+            raise ValueError("QIM_WRITER_TXN_RETRY_BACKOFF_MS must be >= 0")
 
     @property
     def session_timeout_ms(self) -> int:
@@ -250,3 +260,7 @@ async def describe_topics(options: WriterOptions) -> tuple[Topics, int]:
         to_gateway_partitions=counts[options.to_gateway_topic],
     )
     return topics, counts[options.requests_topic]
+
+
+def _optional_int(raw: str | None) -> int | None:
+    return None if raw is None or raw == "" else int(raw)

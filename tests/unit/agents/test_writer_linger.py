@@ -104,3 +104,22 @@ async def test_a_gather_below_min_batch_commits_when_the_linger_ends() -> None:
     svc._dispatch(TP, [1])
     await owned.processed.wait()
     assert owned.batches == [[1]] and TP.partition not in svc._gathering
+
+
+def test_the_txn_retry_backoff_is_read_from_the_environment_and_defaults_to_aiokafkas() -> None:
+    assert load({}).txn_retry_backoff_ms is None
+    assert load({"QIM_WRITER_TXN_RETRY_BACKOFF_MS": "4"}).txn_retry_backoff_ms == 4
+    with pytest.raises(ValueError, match="QIM_WRITER_TXN_RETRY_BACKOFF_MS"):
+        load({"QIM_WRITER_TXN_RETRY_BACKOFF_MS": "-1"})
+
+
+def test_concurrent_transactions_are_counted_for_the_writers_producers_only() -> None:
+    svc = service(0)
+    svc._concurrent_transactions("qim-conversation-writer-2", "add_partitions")
+    svc._concurrent_transactions("qim-conversation-writer-2", "add_partitions")
+    svc._concurrent_transactions("qim-fanout-2", "add_partitions")  # another component's
+    svc._concurrent_transactions("qim-conversation-writer-0", "end_txn")
+    sample = svc.registry.get_sample_value
+    name = "qim_writer_concurrent_transactions_total"
+    assert sample(name, {"kind": "add_partitions"}) == 2
+    assert sample(name, {"kind": "end_txn"}) == 1
