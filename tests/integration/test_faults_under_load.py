@@ -1,5 +1,5 @@
-"""Faults under load on one private stack: broker restarts (issue 15, item 1), then a fuzz run
-and the CI-sized ``qim chaos run`` (issue 25). They share the stack to save its start.
+"""Faults under load on one private stack: broker restarts (issue 15, item 1), then a fuzz run.
+They share the stack to save its start.
 
 Every producer recovers by itself from broker restarts under traffic.
 
@@ -15,13 +15,11 @@ Then ``qim chaos fuzz``, CI-sized: frames from the independent generator into th
 while a well-behaved client must be answered throughout, the gateway alive and its RSS back
 within a bound afterwards (the 10^6-frame run is ``qim chaos fuzz``).
 
-Last, ``qim chaos run``, CI-sized: a mixed SDK load (one-to-one lanes, a 10-member group with
-recalls, logins with mark-read) while a seeded plan SIGKILLs qim processes and restarts them,
-pauses the writer or the MailboxNode past its lease, and restarts Kafka once. The run's own
-end checks must all hold: every acked message in each recipient's mailbox exactly once, ``qim
-audit dispatch`` clean, ``qim replay projections --all`` and ``qim replay history --all``
-clean, every always-zero counter 0 on every page, and every process back by itself. The
-hour-long run is ``qim chaos run --duration 3600`` (bench/README.md).
+The mixed soak (``qim chaos run``: SIGKILLs of every qim process, a pause past the lease, a
+broker restart, then delivery, audit, replay and always-zero checks) is a soak, so it runs as
+``qim chaos run --private``, not in this suite; its reports are committed under
+``bench/results/chaos-run-*`` (bench/README.md). The kill -9 of every worker type with the
+audit is ``test_audit_dispatch.py``.
 
 Its own stack, not the session's: restarting the session broker would fail other tests.
 """
@@ -30,7 +28,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -51,7 +48,6 @@ from qim.chaos.broker_restart import (
 from qim.chaos.cli import write_report
 from qim.chaos.fuzz import CLOSING, FuzzParams, run_fuzz
 from qim.chaos.load import Sender
-from qim.chaos.soak import SoakParams, run_soak
 from qim.devstack.stack import Stack, StackConfig, default_partition_counts
 from qim.streams import OUTBOX
 
@@ -166,27 +162,6 @@ async def test_fuzz_frames_never_kill_the_gateway_and_a_good_client_is_served_th
     assert report["replies_by_opcode"].get("0x0007", 0) > 0  # ERROR answers came back
     rss = report["gateway_rss_bytes"]
     assert rss["after"] - rss["before"] <= FuzzParams.rss_growth_bound, rss
-    assert report["ok"]
-
-
-@pytest.mark.timeout(1500)
-async def test_kills_a_pause_and_a_broker_restart_under_load_lose_nothing_and_leave_no_finding(
-    own_stack: Stack,
-) -> None:
-    params = SoakParams(duration_s=64, fault_every_s=10, seed=25, broker_restarts=1, pauses=1)
-    report = await run_soak(own_stack, params)
-    faults = Counter(f["fault"] for f in report["faults"] if "error" not in f)
-    assert report["needed_repair"] == [], report["needed_repair"]
-    assert faults["kill-9"] >= 3 and faults["broker-restart"] == 1 and faults["sigstop"] == 1
-    delivery = report["delivery"]
-    assert delivery["acked_expected"] > 0
-    assert (delivery["lost"], delivery["duplicate_entries"]) == (0, 0), delivery
-    assert report["audit"]["exit"] == 0, report["audit"]
-    assert report["projections"]["exit"] == 0, report["projections"]
-    assert report["history"]["exit"] == 0, report["history"]
-    assert report["load"]["recalled"] > 0, report["load"]  # recalls ran under the faults too
-    zero = report["always_zero"]
-    assert zero["counters_checked"] > 0 and zero["ok"], zero
     assert report["ok"]
 
 
