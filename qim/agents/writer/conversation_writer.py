@@ -58,6 +58,7 @@ from aiokafka.errors import IllegalStateError, ProducerFenced
 from mode import Service
 from prometheus_client import CollectorRegistry
 
+from qim.agents.keyring import BodyKeys, KeyTopicFollower, load_root_key, register_key_metrics
 from qim.agents.writer.lease import HeartbeatLease
 from qim.agents.writer.metrics import WriterMetrics
 from qim.agents.writer.options import WriterOptions, describe_topics
@@ -71,6 +72,7 @@ from qim.core.transient import TypingGate
 from qim.schemas.routing import connection_shard_id, user_bucket
 from qim.streams.fetching import hot_fetch
 from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
+from qim.streams.topics import KEYS
 from qim.tables.message_store import MessageStore
 
 __all__ = ["ConversationWriterService"]
@@ -144,6 +146,16 @@ class ConversationWriterService(Service):
             options.bootstrap, options.user_quota_topic, options.mailbox_shard_count
         )
         """The users at ``max_conversations_per_user`` (``writer_requests._check_quota``)."""
+        self.keys = BodyKeys(load_root_key(), dek_cache_ttl_ms=int(options.settings.dek_cache_ttl))
+        """The encrypt point and the HISTORY_BATCH decrypt point (``writer_sealing``)."""
+        self.key_follower = KeyTopicFollower(
+            options.bootstrap,
+            KEYS.name,
+            self.keys,
+            client_id=f"{options.client_id}-keys",
+            create=True,
+        )
+        register_key_metrics(self.registry, self.keys, "conversation")
 
     # -- status ----------------------------------------------------------------------------------
 
@@ -181,6 +193,7 @@ class ConversationWriterService(Service):
         )
         await self._replies.start()
         await self.quota.start()
+        await self.key_follower.start()
         self._ctx = RequestContext(
             config=opts.config,
             partition_count=partitions,
@@ -196,6 +209,8 @@ class ConversationWriterService(Service):
             ),
             on_typing=self.metrics.on_typing,
             on_send_limited=self.metrics.on_send_limited,
+            keys=self.keys,
+            ensure_keys=self.key_follower.ensure_conversation_keys,
         )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=opts.bootstrap,
@@ -230,6 +245,7 @@ class ConversationWriterService(Service):
         if self._replies is not None:
             await self._replies.stop()
         await self.quota.stop()
+        await self.key_follower.stop()
 
     def _connection_shard(self, tenant_id: str, user_id: str) -> int:
         """A user's ConnectionShard (spec 5.2), where its REACTION_UPDATEs go."""
@@ -452,6 +468,7 @@ class ConversationWriterService(Service):
                     client_id=f"{opts.client_id}-p{p}",
                 )
             dormant = None
+            await self.key_follower.catch_up()  # every key the former owner made is folded
             owned = OwnedPartition(
                 result.writer,
                 result.producer,

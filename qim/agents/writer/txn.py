@@ -45,7 +45,12 @@ from aiokafka.structs import OffsetAndMetadata
 from qim.agents.trace_lines import committed as trace_committed
 from qim.agents.writer.metrics import WriterMetrics
 from qim.agents.writer.partition import PartitionWriter, Plan, conversation_of
-from qim.agents.writer.requests import RequestContext, conversation_of_request, handle_request
+from qim.agents.writer.requests import (
+    RequestContext,
+    conversation_of_request,
+    conversations_to_seal,
+    handle_request,
+)
 from qim.agents.writer.snapshot import checkpoint_records
 from qim.core.reactions.push import ReactionPushMerge, push_records
 from qim.schemas.frames.errors import ErrorCode
@@ -225,6 +230,10 @@ class OwnedPartition:
                 log.error("p%d: undecodable request at %d: %s", self.partition, record.offset, exc)
                 decoded.append((record.offset, None))
         armed = self.crash.armed([r for _, r in decoded])
+        if self.ctx.ensure_keys is not None:  # keys durable before anything is sealed with them
+            wanted = conversations_to_seal(self.writer, self.ctx, (r for _, r in decoded))
+            if wanted:
+                await self.ctx.ensure_keys(wanted)
         now_ms = int(time.time() * 1000)
         plan = Plan()
         for offset, request in decoded:
