@@ -2,7 +2,8 @@
 ``qim.keys``, the per-process DEK cache, and (at the writer) key creation on first need.
 
 * Root key: ``QIM_ROOT_KEY_FILE`` (32 bytes, base64url on one line). Without it the local and
-  test stacks use ``<repo>/.run/root-key``, generated once (mode 0600). Its bytes are never
+  test stacks use ``<repo>/.run/root-key``, generated once (mode 0600) and shared by every
+  process of the checkout. Its bytes are never
   logged, printed or put in any record; :class:`BodyKeys` and the ring hide it in ``repr``.
 * ``qim.keys`` (compacted, one partition) holds only *wrapped* keys (``qim.core.keys.ring``).
   :class:`KeyTopicFollower` reads it from offset 0 before its process serves, then follows
@@ -28,7 +29,6 @@
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import logging
 import os
@@ -64,6 +64,7 @@ from qim.core.keys import (
 )
 from qim.core.keys.ring import KeyRecord
 from qim.schemas.frames.mailbox import SyncEntry
+from qim.streams.transit import load_key_file
 
 __all__ = [
     "DEFAULT_ROOT_KEY_PATH",
@@ -86,35 +87,10 @@ PREVIEW_SEQ: Final = 0
 (and a body never opens as a preview); it is bound to its tenant and conversation."""
 
 
-def _b64d(text: str) -> bytes:
-    return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
-
-
-def _generate(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-    try:
-        with os.fdopen(fd, "w") as fh:
-            fh.write(base64.urlsafe_b64encode(secrets.token_bytes(32)).decode().rstrip("=") + "\n")
-        with contextlib.suppress(FileExistsError):  # a concurrent first start won
-            os.link(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
 def load_root_key(environ: Mapping[str, str] = os.environ) -> bytes:
-    """The 32-byte root key: ``QIM_ROOT_KEY_FILE``, or the local stack's generated file."""
+    """The 32-byte root key: ``QIM_ROOT_KEY_FILE``, or the checkout's generated file."""
     configured = environ.get(ENV_ROOT_KEY_FILE, "")
-    path = Path(configured) if configured else DEFAULT_ROOT_KEY_PATH
-    if not path.exists():
-        if configured and environ.get("QIM_ROOT_KEY_GENERATE", "1") != "1":
-            raise FileNotFoundError(f"{ENV_ROOT_KEY_FILE} names a missing file")
-        _generate(path)
-    key = _b64d(path.read_text().strip())
-    if len(key) != 32:
-        raise ValueError(f"{ENV_ROOT_KEY_FILE}: the root key must be 32 bytes")
-    return key
+    return load_key_file(Path(configured) if configured else DEFAULT_ROOT_KEY_PATH)
 
 
 def _now_ms() -> int:

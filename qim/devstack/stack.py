@@ -239,9 +239,6 @@ class StackConfig:
             # The development signing keys: `qim token issue` and the gateways share them.
             "QIM_AUTH_KEYS_FILE": str(self.base_dir / "auth-keys"),
             "QIM_CURSOR_KEYS_FILE": str(self.base_dir / "cursor-keys"),
-            # the key hierarchy's root (21.3.1): generated once under the stack folder by the
-            # first process that needs it (qim.agents.keyring), never logged
-            "QIM_ROOT_KEY_FILE": str(self.base_dir / "root-key"),
             **{var: str(self.partition_counts[name]) for name, var in PARTITION_ENV.items()},
             "QIM_PREKEY_PARTITION_COUNT": str(self.partition_counts["prekey_partition_count"]),
             "QIM_ROOM_PARTITION_COUNT": str(

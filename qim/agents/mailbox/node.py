@@ -79,6 +79,7 @@ from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
 from qim.streams.producer import RecoveringProducer, replaced_counter
 from qim.streams.topics import DEVICE_TOKEN_DIGEST, KEYS, PUSH_TASKS
+from qim.streams.transit import load_transit_sealer
 from qim.tables.mailbox_checkpoint import create_checkpoint, ship_checkpoint
 from qim.tables.mailbox_store import MailboxStore
 
@@ -178,6 +179,8 @@ class MailboxNodeService(Service):
                 producer="replies", reason=reason
             ).inc(),
         )
+        # replies and pushes carry opened bodies: sealed for their hop to the gateway
+        self._producer.seal_topics[opts.to_gateway_topic] = load_transit_sealer().seal
         await self._producer.start()
         await self.key_follower.start()  # before any shard serves a read
         self.digests.start()

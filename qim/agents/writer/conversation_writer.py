@@ -73,6 +73,7 @@ from qim.schemas.routing import connection_shard_id, user_bucket
 from qim.streams.fetching import hot_fetch
 from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
 from qim.streams.topics import KEYS
+from qim.streams.transit import load_transit_sealer
 from qim.tables.message_store import MessageStore
 
 __all__ = ["ConversationWriterService"]
@@ -191,6 +192,9 @@ class ConversationWriterService(Service):
                 producer="replies", reason=reason
             ).inc(),
         )
+        # replies leave the decrypt point with bodies in clear: sealed for their hop to the
+        # gateway (qim.streams.transit)
+        self._replies.seal_topics[self._topics.to_gateway] = load_transit_sealer().seal
         await self._replies.start()
         await self.quota.start()
         await self.key_follower.start()

@@ -70,6 +70,7 @@ from qim.schemas.records import (
 )
 from qim.schemas.records.reactions import encode_reaction_push
 from qim.schemas.records.transient import encode_transient
+from qim.streams.transit import TransitError, load_transit_sealer
 
 __all__ = [
     "CRASH_EXIT_CODE",
@@ -212,6 +213,7 @@ class OwnedPartition:
         self.reaction_pushes = 0
         """ReactionPush records handed to the reply producer (the service's status page)."""
         self.early_offsets = early_offsets
+        self.transit = load_transit_sealer()
 
     @property
     def partition(self) -> int:
@@ -225,8 +227,9 @@ class OwnedPartition:
         decoded: list[tuple[int, Any]] = []
         for record in records:
             try:
-                decoded.append((record.offset, decode_conversation_request(record.value)))
-            except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
+                value = self.transit.open(record.value)  # the gateway's hop seal (decision 41)
+                decoded.append((record.offset, decode_conversation_request(value)))
+            except (msgspec.DecodeError, msgspec.ValidationError, TypeError, TransitError) as exc:
                 log.error("p%d: undecodable request at %d: %s", self.partition, record.offset, exc)
                 decoded.append((record.offset, None))
         armed = self.crash.armed([r for _, r in decoded])
