@@ -171,9 +171,10 @@ class Client:
             fetched = await self._consumer.getmany(timeout_ms=200)
             for records in fetched.values():
                 for record in records:
-                    if record_kind(record.value) != "reply":
+                    value = TRANSIT.open(record.value)  # the writer's hop seal (decision 41)
+                    if record_kind(value) != "reply":
                         continue  # a PushBatch or ReactionPush shares the topic
-                    reply = decode_writer_reply(TRANSIT.open(record.value))
+                    reply = decode_writer_reply(value)
                     self.replies[(reply.tenant_id, reply.user_id, reply.request_id)].append(reply)
             if fetched:
                 self._arrived.set()
