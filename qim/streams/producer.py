@@ -155,6 +155,9 @@ class RecoveringProducer:
         self._replacing: asyncio.Task[None] | None = None
         self._replacing_generation = -1
         self._again: str | None = None
+        self.seal_topics: dict[str, Callable[[bytes], bytes]] = {}
+        """Topics whose values are sealed before they are handed over (to-gateway: the
+        transit seal of topology.md decision 44)."""
         self._closed = False
         self.replacements = 0
 
@@ -219,7 +222,11 @@ class RecoveringProducer:
     ) -> asyncio.Future[Any]:
         """Hand one record to the producer; the future resolves with its RecordMetadata or the
         failure that reached the caller. Raises what aiokafka's ``send`` raises (no metadata in
-        time, a record too large): nothing was handed over then."""
+        time, a record too large): nothing was handed over then. A value for a topic in
+        :attr:`seal_topics` is sealed first (``qim.streams.transit``)."""
+        seal = self.seal_topics.get(topic)
+        if seal is not None and value is not None:
+            value = seal(value)
         while True:
             if self._closed:
                 raise ProducerClosed()

@@ -286,6 +286,19 @@ ROOMS = TopicSpec(
     consumer="RoomWriter (every worker reads it all, no group)",
 )
 
+KEYS = TopicSpec(
+    name="qim.keys",
+    partitions_param="single_partition",
+    partitioned_by="one partition: every decrypt point folds every key, in one order",
+    key="(tenant, key_scope, key_id, key_version): one slot per key version",
+    cleanup="compact",
+    retention_ms=None,
+    producer="ConversationWriter (TenantMasterKey / ConversationDEK on first need, acks=all, "
+    "before any body sealed with it)",
+    consumer="every ConversationWriter and MailboxNode (the key ring, read from the start, "
+    "no group)",
+)
+
 ALL_TOPICS: tuple[TopicSpec, ...] = (
     CONVERSATION_REQUESTS,
     OUTBOX,
@@ -309,4 +322,5 @@ ALL_TOPICS: tuple[TopicSpec, ...] = (
     ROOM_REQUESTS,
     ROOM_LOG,
     ROOMS,
+    KEYS,
 )

@@ -47,6 +47,7 @@ from qim.schemas.records.user_requests import (
     mailbox_partition,
 )
 from qim.streams.topics import DISPATCH, TO_GATEWAY, USER_REQUESTS
+from qim.streams.transit import load_transit_sealer
 from qim.tables.mailbox_store import MailboxStore
 from tests.integration.workers import FaustWorker
 
@@ -68,6 +69,9 @@ restart verifies the same tokens), a sweep every second (the CURSOR_EXPIRED test
 SETTINGS = Settings.load(env={})
 _ids = itertools.count(1)
 _now = int(time.time() * 1000)
+
+TRANSIT = load_transit_sealer()
+"""Opens to-gateway values sealed for the gateway hop (topology.md decision 44)."""
 
 
 def shard_of(tenant: str, user: str) -> int:
@@ -262,7 +266,7 @@ class Client:
             for records in fetched.values():
                 for record in records:
                     with contextlib.suppress(ValueError):  # another kind of the topic
-                        reply = decode_mailbox_reply(record.value)
+                        reply = decode_mailbox_reply(TRANSIT.open(record.value))
                         self.replies[reply.correlation_id].append(reply)
             if fetched:
                 self._arrived.set()

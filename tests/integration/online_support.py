@@ -37,9 +37,13 @@ from qim.schemas.frames import Frame, Kicked, PushEvents, SendAck, SyncEntry
 from qim.schemas.records.presence import PresenceEntry, PresenceKey, decode_presence
 from qim.schemas.records.push import PushBatch, PushRecipient, decode_to_gateway
 from qim.streams.topics import PRESENCE, TO_GATEWAY
+from qim.streams.transit import load_transit_sealer
 from tests.gateway_support import Gateway
 from tests.integration.login_support import WAIT_S, new_client
 from tests.integration.test_gateway_routing import SETTINGS
+
+TRANSIT = load_transit_sealer()
+"""Opens to-gateway values sealed for the gateway hop (topology.md decision 44)."""
 
 
 class Device:
@@ -249,7 +253,7 @@ class PushWatch:
             for records in fetched.values():
                 for record in records:
                     with contextlib.suppress(msgspec.ValidationError, msgspec.DecodeError):
-                        decoded = decode_to_gateway(record.value)
+                        decoded = decode_to_gateway(TRANSIT.open(record.value))
                         if isinstance(decoded, PushBatch):
                             self.batches.append(decoded)
 

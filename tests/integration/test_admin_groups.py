@@ -44,6 +44,7 @@ from qim.schemas.records.requests import (
     encode_record,
 )
 from qim.streams.topics import ADMIN_REPLIES, CONVERSATION_REQUESTS
+from qim.streams.transit import load_transit_sealer
 from tests.integration.test_gateway_routing import gateway, online
 from tests.integration.workers import FaustWorker
 
@@ -52,6 +53,9 @@ pytestmark = pytest.mark.integration
 SECRET = "test-admin-secret-0123456789"
 TENANT = "t-admin"
 WAIT_S = 20.0
+
+TRANSIT = load_transit_sealer()
+"""Opens the gateway's hop seal on conversation requests (topology.md decision 44)."""
 
 
 def gid() -> str:
@@ -94,7 +98,7 @@ class FakeWriter:
                 fetched = await self.consumer.getmany(timeout_ms=200)
                 for tp, records in fetched.items():
                     for r in records:
-                        request = decode_conversation_request(r.value)
+                        request = decode_conversation_request(TRANSIT.open(r.value))
                         if isinstance(request, AdminGroupRequest):
                             self.seen.append((tp.partition, request))
 

@@ -40,6 +40,7 @@ from qim.schemas.records.requests import (
     encode_record,
 )
 from qim.streams.topics import CONVERSATION_REQUESTS, TO_GATEWAY
+from qim.streams.transit import load_transit_sealer
 from tests.gateway_support import Gateway, owning_gateway
 
 pytestmark = pytest.mark.integration
@@ -49,6 +50,9 @@ SETTINGS = Settings.load(
     overrides={"per_ip_connect_rate": {"count": 100_000, "period_ms": 1000}}, env={}
 )
 WAIT_S = 20.0
+
+TRANSIT = load_transit_sealer()
+"""Opens the gateway's hop seal on conversation requests (topology.md decision 44)."""
 
 
 def uid(prefix: str = "u") -> str:
@@ -86,7 +90,9 @@ class Requests:
                 fetched = await self.consumer.getmany(timeout_ms=200)
                 for tp, records in fetched.items():
                     for r in records:
-                        self.seen.append((tp.partition, decode_conversation_request(r.value)))
+                        self.seen.append(
+                            (tp.partition, decode_conversation_request(TRANSIT.open(r.value)))
+                        )
 
 
 def reply_to(request: Any, **body: Any) -> WriterReply:

@@ -33,6 +33,7 @@ from qim.schemas.records.push import (
     encode_push_record,
 )
 from qim.streams.topics import PRESENCE, TO_GATEWAY, USER_REQUESTS
+from qim.streams.transit import load_transit_sealer
 from tests.integration.mailbox_support import (
     SETTINGS,
     SHARDS,
@@ -49,6 +50,9 @@ from tests.integration.mailbox_support import (
 pytestmark = pytest.mark.integration
 
 LEASE_MS = 600_000
+
+TRANSIT = load_transit_sealer()
+"""Opens to-gateway values sealed for the gateway hop (topology.md decision 44)."""
 
 
 def uid() -> str:
@@ -120,7 +124,7 @@ class Gateway:
             for tp, records in fetched.items():
                 for record in records:
                     try:
-                        decoded = decode_to_gateway(record.value)
+                        decoded = decode_to_gateway(TRANSIT.open(record.value))
                     except (msgspec.ValidationError, msgspec.DecodeError):
                         continue
                     if isinstance(decoded, PushBatch):

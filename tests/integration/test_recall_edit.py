@@ -15,6 +15,7 @@ import pytest
 
 from qim.client import QimError
 from qim.core.history import AMEND_CUSTOM_TYPE, AmendControl, MessageState
+from qim.core.keys import is_sealed
 from qim.devstack.stack import Stack
 from qim.schemas.frames.errors import ErrorCode
 from qim.schemas.records import (
@@ -133,7 +134,8 @@ async def test_recall_and_edit_end_to_end(workers: Workers, client: Client) -> N
         ("recall", 4, 6),
     ]
     assert amends[0].target_sender_id == "bob" and amends[2].sender_id == "alice"
-    assert amends[1].new_payload == b"v2"
+    # the outbox holds the edit's body sealed (topology.md decision 44); history opens it above
+    assert is_sealed(amends[1].new_payload) and b"v2" not in amends[1].new_payload
     assert [a.repairs_preview for a in amends] == [True, True, True]  # each hit the head's preview
 
 

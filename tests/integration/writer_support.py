@@ -43,12 +43,16 @@ from qim.schemas.records import (
     encode_record,
 )
 from qim.streams.topics import CONVERSATION_REQUESTS, OUTBOX, TO_GATEWAY
+from qim.streams.transit import load_transit_sealer
 
 TIMEOUT = 60.0
 BULK_TENANT = "bulk"
 """A tenant whose admission limits the workers raise (QIM_TENANT_OVERRIDES): load tests."""
 
 _request_ids = itertools.count(1)
+
+TRANSIT = load_transit_sealer()
+"""Opens to-gateway values sealed for the gateway hop (topology.md decision 44)."""
 
 
 def shard_of(user_id: str) -> int:
@@ -167,9 +171,10 @@ class Client:
             fetched = await self._consumer.getmany(timeout_ms=200)
             for records in fetched.values():
                 for record in records:
-                    if record_kind(record.value) != "reply":
+                    value = TRANSIT.open(record.value)  # the writer's hop seal (decision 44)
+                    if record_kind(value) != "reply":
                         continue  # a PushBatch or ReactionPush shares the topic
-                    reply = decode_writer_reply(record.value)
+                    reply = decode_writer_reply(value)
                     self.replies[(reply.tenant_id, reply.user_id, reply.request_id)].append(reply)
             if fetched:
                 self._arrived.set()

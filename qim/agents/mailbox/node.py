@@ -46,6 +46,7 @@ from aiokafka.structs import OffsetAndMetadata
 from mode import Service
 from prometheus_client import CollectorRegistry
 
+from qim.agents.keyring import BodyKeys, KeyTopicFollower, load_root_key, register_key_metrics
 from qim.agents.mailbox.assignor import ShardAssignor
 from qim.agents.mailbox.metrics import MailboxMetrics
 from qim.agents.mailbox.offline_push import DigestFollower, OfflinePush, user_folds
@@ -62,7 +63,12 @@ from qim.agents.mailbox.push import plan_batch_pushes, send_pushes
 from qim.agents.mailbox.quota import QuotaReconciler, publish_quota
 from qim.agents.mailbox.reads import ReadContext
 from qim.agents.mailbox.session_push import plan_session_pushes, send_session_pushes
-from qim.agents.mailbox.sessions import ReadMerge, send_commands, user_state_commands
+from qim.agents.mailbox.sessions import (
+    ReadMerge,
+    SessionSnapshots,
+    send_commands,
+    user_state_commands,
+)
 from qim.agents.mailbox.shard import OwnedShard, decode_run, encode_floor
 from qim.agents.mailbox.takeover import take_over
 from qim.agents.trace_lines import mailboxed as trace_mailboxed
@@ -72,7 +78,8 @@ from qim.schemas.records.dispatch import GroupDispatch, ShardLogRecord
 from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
 from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
-from qim.streams.topics import DEVICE_TOKEN_DIGEST, PUSH_TASKS
+from qim.streams.topics import DEVICE_TOKEN_DIGEST, KEYS, PUSH_TASKS
+from qim.streams.transit import load_transit_sealer
 from qim.tables.mailbox_checkpoint import create_checkpoint, ship_checkpoint
 from qim.tables.mailbox_store import MailboxStore
 from qim.tables.user_state_changelog import (
@@ -116,12 +123,22 @@ class MailboxNodeService(Service):
         self._dormant: dict[int, OwnedShard] = {}
         self._request_offsets: dict[int, int] = {}
         self._lock = asyncio.Lock()
+        # the MAILBOX_BATCH / PUSH_EVENTS / preview decrypt points' keys (21.3.4)
+        self.bodies = BodyKeys(
+            load_root_key(), dek_cache_ttl_ms=int(options.settings.dek_cache_ttl)
+        )
+        self.key_follower = KeyTopicFollower(
+            options.bootstrap, KEYS.name, self.bodies, client_id=f"{options.client_id}-keys"
+        )
+        register_key_metrics(self.registry, self.bodies, "mailbox")
         self._ctx = ReadContext(
             keys=options.cursor_keys,
             limits=options.limits,
             retry_after_ms=options.retry_after_ms,
             now_ms=lambda: int(time.time() * 1000),
             tombstone_probe=options.tombstone_probe,
+            snapshots=SessionSnapshots(bodies=self.bodies),
+            bodies=self.bodies,
         )
         self._consumer: AIOKafkaConsumer | None = None
         self._producer: RecoveringProducer | None = None
@@ -175,6 +192,8 @@ class MailboxNodeService(Service):
                 producer="replies", reason=reason
             ).inc(),
         )
+        # replies and pushes carry opened bodies: sealed for their hop to the gateway
+        self._producer.seal_topics[opts.to_gateway_topic] = load_transit_sealer().seal
         await self._producer.start()
         self._ucs_producer = durable_producer(
             opts.bootstrap,
@@ -186,6 +205,7 @@ class MailboxNodeService(Service):
             ).inc(),
         )
         await self._ucs_producer.start()
+        await self.key_follower.start()  # before any shard serves a read
         self.digests.start()
         consumer = opts.consumer(ShardAssignor)
         await consumer.start()
@@ -208,6 +228,7 @@ class MailboxNodeService(Service):
         await self.digests.stop()
         await self._append(self._reads.all())
         await self.quota.stop()
+        await self.key_follower.stop()
         if self._producer is not None:
             await self._producer.stop()
         if self._ucs_producer is not None:
@@ -391,6 +412,12 @@ class MailboxNodeService(Service):
             log.warning("shard %d: undecodable dispatch record at %d", shard.shard, offset)
             self.metrics.on_record("dispatch", "malformed")
         if batch:
+            await self.key_follower.knows(
+                (r.tenant_id, blob)
+                for _, r in batch
+                if isinstance(r, GroupDispatch)
+                for blob in (r.payload, r.preview_or_placeholder)
+            )
             first, last = batch[0][0], batch[-1][0]
             crash = self.options.crash
             started = time.perf_counter()
@@ -588,6 +615,7 @@ class MailboxNodeService(Service):
                 presence=self.presence.cache(shard.shard),
                 mailbox_shard=shard.shard,
                 now_ms=int(time.time() * 1000),
+                bodies=self.bodies,
             )
             topic = self.options.to_gateway_topic
             await send_session_pushes(self._producer, topic, pushes, self._push_tasks)
@@ -641,6 +669,7 @@ class MailboxNodeService(Service):
                 push_from_offset=shard.high_water,
                 presence=self.presence.cache(shard.shard),
                 now_ms=int(time.time() * 1000),
+                bodies=self.bodies,
             )
             self.metrics.on_push(outcome)
             await send_pushes(

@@ -29,8 +29,10 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+import msgspec
 from aiokafka import AIOKafkaProducer
 
+from qim.agents.keyring import BodyKeys, opened_entry
 from qim.core.mailbox import MailboxReader, WrittenGroup
 from qim.core.push import MaterializedEntry, PushPlan, ShardPresenceCache, plan_push
 from qim.schemas.frames.mailbox import SyncEntry
@@ -53,9 +55,13 @@ class PushOutcome:
     failed_plans: int  # messages whose entries the planner refused (a bug of ours)
 
 
-def push_body_from(reader: MailboxReader, tenant_id: str, entry: SyncEntry) -> PushBody | None:
-    """The message's body: inline on the entry, else the shard's stored copy; None if gone."""
+def push_body_from(
+    reader: MailboxReader, tenant_id: str, entry: SyncEntry, bodies: BodyKeys | None = None
+) -> PushBody | None:
+    """The message's body: inline on the entry, else the shard's stored copy; None if gone.
+    A sealed body is opened here (the PUSH_EVENTS decrypt point, 21.3.4)."""
     if entry.body_included:
+        entry = opened_entry(bodies, tenant_id, entry)
         return PushBody(
             message_type=entry.message_type,
             custom_type=entry.custom_type,
@@ -65,11 +71,16 @@ def push_body_from(reader: MailboxReader, tenant_id: str, entry: SyncEntry) -> P
     stored = reader.body(tenant_id, entry.message_id)
     if stored is None:
         return None
+    joined = opened_entry(
+        bodies,
+        tenant_id,
+        msgspec.structs.replace(entry, payload_or_ciphertext=stored.payload),
+    )
     return PushBody(
         message_type=stored.message_type,
         custom_type=stored.custom_type or None,
         schema_version=stored.schema_version or None,
-        payload_or_ciphertext=stored.payload,
+        payload_or_ciphertext=joined.payload_or_ciphertext,
     )
 
 
@@ -89,6 +100,7 @@ def plan_batch_pushes(
     push_from_offset: int,
     presence: ShardPresenceCache | None,
     now_ms: int,
+    bodies: BodyKeys | None = None,
 ) -> PushOutcome:
     """The PushPlans of one committed WriteBatch: one per message (module doc)."""
     by_offset = dict(batch)
@@ -116,7 +128,7 @@ def plan_batch_pushes(
                     mailbox_shard=mailbox_shard,
                     presence=presence,
                     now_ms=now_ms,
-                    body=push_body_from(reader, tenant, entries[0].entry),
+                    body=push_body_from(reader, tenant, entries[0].entry, bodies),
                     priority=_priority(by_offset.get(offset)),
                 )
             )

@@ -27,6 +27,7 @@ from typing import Final
 
 import msgspec
 
+from qim.agents.keyring import BodyKeys, opened_entry
 from qim.agents.mailbox.observe import ReadStats, StorageProbe
 from qim.agents.mailbox.sessions import SessionSnapshots, badge_of_user, session_list_page
 from qim.agents.mailbox.shard import OwnedShard
@@ -77,6 +78,8 @@ class ReadContext:
     """Take ``tombstones_scanned`` from the store's statistics (when it keeps them)."""
     snapshots: SessionSnapshots = field(default_factory=SessionSnapshots)
     """PULL_SESSION_LIST's per-user snapshots (process memory, 12.8.2)."""
+    bodies: BodyKeys | None = None
+    """The decrypt point's keys (21.3.4): sealed bodies are opened after the join."""
 
 
 def answer(
@@ -229,7 +232,8 @@ def _pull(
     def read(after: int, up_to: int) -> Iterator[Group]:
         for seq, group in reader.read_user_range(tenant, user, after, up_to):
             probe.returned(len(group))
-            yield seq, join_bodies(reader, tenant, group)
+            joined = join_bodies(reader, tenant, group)
+            yield seq, [opened_entry(ctx.bodies, tenant, e) for e in joined]
 
     return pull_mailbox(
         read,

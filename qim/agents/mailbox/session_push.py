@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 from aiokafka import AIOKafkaProducer
 
+from qim.agents.keyring import BodyKeys
 from qim.core.mailbox.ports import KVReader
 from qim.core.mailbox.session_store import load_header, load_row, load_state, shown_preview
 from qim.core.mailbox.sessions import SessionChange
@@ -37,6 +38,7 @@ def plan_session_pushes(
     presence: ShardPresenceCache | None,
     mailbox_shard: int,
     now_ms: int,
+    bodies: BodyKeys | None = None,
 ) -> list[SessionPush]:
     """One SessionPush per online device of each changed user (nothing when the cache is
     still rebuilding: the client pulls)."""
@@ -55,6 +57,8 @@ def plan_session_pushes(
                 continue
             state = load_state(store, tenant, user, conv)
             preview = shown_preview(store, tenant, conv, row.latest_conversation_seq, state)
+            if bodies is not None:  # the SESSION_DELTA preview fill (21.3.4)
+                preview = bodies.open_preview(preview, tenant, conv)
             deltas.append(
                 session_delta(
                     row,

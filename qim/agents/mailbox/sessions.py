@@ -23,6 +23,7 @@ from typing import Any
 import msgspec
 from aiokafka import AIOKafkaProducer
 
+from qim.agents.keyring import BodyKeys
 from qim.core.mailbox.ports import KVReader
 from qim.core.mailbox.session_store import load_header, load_projection, shown_preview
 from qim.core.session_list import (
@@ -69,6 +70,9 @@ class SessionSnapshots:
     """Each user's current snapshot (process memory, lost on restart: revisions restart)."""
 
     held: dict[tuple[str, str], _Held] = field(default_factory=dict)
+    bodies: BodyKeys | None = None
+    """The SESSION_LIST_BATCH preview fill's keys (21.3.4); snapshots hold plaintext previews
+    in process memory only."""
 
     def current(
         self,
@@ -99,6 +103,9 @@ class SessionSnapshots:
             )
             for conv, row in projection.rows.items()
         }
+        if self.bodies is not None:
+            bodies = self.bodies
+            previews = {c: bodies.open_preview(p, tenant_id, c) for c, p in previews.items()}
         revision = 1 if held is None else held.snapshot.revision
         snapshot = load_snapshot(projection, revision, config, previews)
         if held is not None and (held.stale or snapshot.sessions != held.snapshot.sessions):

@@ -58,6 +58,7 @@ from aiokafka.errors import IllegalStateError, ProducerFenced
 from mode import Service
 from prometheus_client import CollectorRegistry
 
+from qim.agents.keyring import BodyKeys, KeyTopicFollower, load_root_key, register_key_metrics
 from qim.agents.writer.lease import HeartbeatLease
 from qim.agents.writer.metrics import WriterMetrics
 from qim.agents.writer.options import WriterOptions, describe_topics
@@ -72,6 +73,8 @@ from qim.schemas.routing import connection_shard_id, user_bucket
 from qim.streams import txn_retries
 from qim.streams.fetching import hot_fetch
 from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
+from qim.streams.topics import KEYS
+from qim.streams.transit import load_transit_sealer
 from qim.tables.message_store import MessageStore
 
 __all__ = ["ConversationWriterService"]
@@ -145,6 +148,16 @@ class ConversationWriterService(Service):
             options.bootstrap, options.user_quota_topic, options.mailbox_shard_count
         )
         """The users at ``max_conversations_per_user`` (``writer_requests._check_quota``)."""
+        self.keys = BodyKeys(load_root_key(), dek_cache_ttl_ms=int(options.settings.dek_cache_ttl))
+        """The encrypt point and the HISTORY_BATCH decrypt point (``writer_sealing``)."""
+        self.key_follower = KeyTopicFollower(
+            options.bootstrap,
+            KEYS.name,
+            self.keys,
+            client_id=f"{options.client_id}-keys",
+            create=True,
+        )
+        register_key_metrics(self.registry, self.keys, "conversation")
 
     # -- status ----------------------------------------------------------------------------------
 
@@ -189,8 +202,12 @@ class ConversationWriterService(Service):
                 producer="replies", reason=reason
             ).inc(),
         )
+        # replies leave the decrypt point with bodies in clear: sealed for their hop to the
+        # gateway (qim.streams.transit)
+        self._replies.seal_topics[self._topics.to_gateway] = load_transit_sealer().seal
         await self._replies.start()
         await self.quota.start()
+        await self.key_follower.start()
         self._ctx = RequestContext(
             config=opts.config,
             partition_count=partitions,
@@ -206,6 +223,8 @@ class ConversationWriterService(Service):
             ),
             on_typing=self.metrics.on_typing,
             on_send_limited=self.metrics.on_send_limited,
+            keys=self.keys,
+            ensure_keys=self.key_follower.ensure_conversation_keys,
         )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=opts.bootstrap,
@@ -241,6 +260,7 @@ class ConversationWriterService(Service):
             await self._replies.stop()
         await self.quota.stop()
         txn_retries.remove_listener(self._concurrent_transactions)
+        await self.key_follower.stop()
 
     def _connection_shard(self, tenant_id: str, user_id: str) -> int:
         """A user's ConnectionShard (spec 5.2), where its REACTION_UPDATEs go."""
@@ -463,6 +483,7 @@ class ConversationWriterService(Service):
                     client_id=f"{opts.client_id}-p{p}",
                 )
             dormant = None
+            await self.key_follower.catch_up()  # every key the former owner made is folded
             owned = OwnedPartition(
                 result.writer,
                 result.producer,

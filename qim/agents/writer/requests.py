@@ -20,15 +20,17 @@ Nothing here performs I/O except MessageStore reads; appends go into the plan.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Awaitable, Callable, Collection, Iterable
 from dataclasses import dataclass, field
 from typing import Final
 
 import msgspec
 
+from qim.agents.keyring import BodyKeys
 from qim.agents.writer.membership import admin, create, leave
 from qim.agents.writer.partition import PartitionWriter, Plan
 from qim.agents.writer.replies import refuse, reply_to
+from qim.agents.writer.sealing import conversation_e2ee, opened_history, sealed_record
 from qim.core.conversation import (
     Accepted,
     Amended,
@@ -83,6 +85,7 @@ from qim.schemas.records import (
     ConversationRequest,
     CreateGroupRequest,
     LeaveGroupRequest,
+    OutboxRecord,
     PullHistoryRequest,
     PullMembersRequest,
     PullReactionsRequest,
@@ -136,6 +139,30 @@ class RequestContext:
     on_send_limited: Callable[[str, str], None] = lambda _tenant_id, _dimension: None
     """Called with (tenant, parameter) of each send refused by the @all gate or the L3
     ``tenant_fanout_quota`` (:data:`SEND_LIMIT_DIMENSIONS`), for the metrics."""
+    keys: BodyKeys | None = None
+    """The encrypt / decrypt point's keys (``writer_sealing``): records are sealed before the
+    append, HISTORY_BATCH bodies opened before the reply. None: bodies stay as sent (unit
+    tests of the handlers)."""
+    ensure_keys: Callable[[set[tuple[str, str]]], Awaitable[None]] | None = None
+    """Makes each (tenant, conversation)'s ConversationDEK durable before a batch that will
+    seal with it is decided (``KeyTopicFollower.ensure_conversation_keys``)."""
+
+
+def conversations_to_seal(
+    pw: PartitionWriter, ctx: RequestContext, requests: Iterable[object]
+) -> set[tuple[str, str]]:
+    """The non-E2EE conversations of ``requests`` that will seal a body (sends, edits)."""
+    wanted: set[tuple[str, str]] = set()
+    for request in requests:
+        if isinstance(request, SendRequest) and request.message.payload:
+            tc = (request.tenant_id, request.message.conversation_id)
+        elif isinstance(request, AmendRequest) and request.action == "edit":
+            tc = (request.tenant_id, request.conversation_id)
+        else:
+            continue
+        if not conversation_e2ee(pw, ctx.config.e2ee_direct_tenants, *tc):
+            wanted.add(tc)
+    return wanted
 
 
 SEND_LIMIT_DIMENSIONS: Final = {
@@ -218,14 +245,17 @@ def _dispatch(
         case SendRequest():
             decision = pw.state.handle_send(request, now_ms, pw.membership)
             if isinstance(decision, Accepted):
-                pw.append(decision.record, plan)
+                sent: OutboxRecord = decision.record
+                if ctx.keys is not None:
+                    sent = sealed_record(ctx.keys, sent, e2ee=decision.record.e2ee)
+                pw.append(sent, plan)
             elif isinstance(decision, Rejected) and decision.reason in SEND_LIMIT_DIMENSIONS:
                 ctx.on_send_limited(request.tenant_id, SEND_LIMIT_DIMENSIONS[decision.reason])
             plan.replies.append(decision.reply)
             if isinstance(decision, Transient):
                 _ephemeral(pw, ctx, request, decision, plan)
         case AmendRequest():
-            _amend(pw, request, now_ms, plan)
+            _amend(pw, ctx, request, now_ms, plan)
         case ReactRequest():
             _react(pw, request, now_ms, plan)
         case PullReactionsRequest():
@@ -392,7 +422,9 @@ def _typing(
         )
 
 
-def _amend(pw: PartitionWriter, request: AmendRequest, now_ms: int, plan: Plan) -> None:
+def _amend(
+    pw: PartitionWriter, ctx: RequestContext, request: AmendRequest, now_ms: int, plan: Plan
+) -> None:
     """RECALL / EDIT: the core decides on the MessageStore's rows (committed: the batch was cut
     before this request if the conversation had an append in it, ``writer_txn``)."""
     tenant_id, conversation_id = request.tenant_id, request.conversation_id
@@ -408,7 +440,11 @@ def _amend(pw: PartitionWriter, request: AmendRequest, now_ms: int, plan: Plan) 
         request, now_ms, pw.membership, lookup, participants=participants
     )
     if isinstance(decision, Amended):
-        pw.append(decision.record, plan)
+        record: OutboxRecord = decision.record
+        if ctx.keys is not None:
+            e2ee = conversation_e2ee(pw, ctx.config.e2ee_direct_tenants, tenant_id, conversation_id)
+            record = sealed_record(ctx.keys, record, e2ee=e2ee)
+        pw.append(record, plan)
     plan.replies.append(decision.reply)
 
 
@@ -522,6 +558,8 @@ def _history(pw: PartitionWriter, ctx: RequestContext, request: PullHistoryReque
         bounds=bounds_from_store(pw.store, tenant_id, conversation_id),
         limits=ctx.history_limits,
     )
+    if ctx.keys is not None:
+        batch = opened_history(ctx.keys, tenant_id, conversation_id, batch)
     return _join_reactions(pw.store, tenant_id, conversation_id, user_id, batch)
 
 

@@ -45,7 +45,12 @@ from aiokafka.structs import OffsetAndMetadata
 from qim.agents.trace_lines import committed as trace_committed
 from qim.agents.writer.metrics import WriterMetrics
 from qim.agents.writer.partition import PartitionWriter, Plan, conversation_of
-from qim.agents.writer.requests import RequestContext, conversation_of_request, handle_request
+from qim.agents.writer.requests import (
+    RequestContext,
+    conversation_of_request,
+    conversations_to_seal,
+    handle_request,
+)
 from qim.agents.writer.snapshot import checkpoint_records
 from qim.core.reactions.push import ReactionPushMerge, push_records
 from qim.schemas.frames.errors import ErrorCode
@@ -65,6 +70,7 @@ from qim.schemas.records import (
 )
 from qim.schemas.records.reactions import encode_reaction_push
 from qim.schemas.records.transient import encode_transient
+from qim.streams.transit import TransitError, load_transit_sealer
 
 __all__ = [
     "CRASH_EXIT_CODE",
@@ -207,6 +213,7 @@ class OwnedPartition:
         self.reaction_pushes = 0
         """ReactionPush records handed to the reply producer (the service's status page)."""
         self.early_offsets = early_offsets
+        self.transit = load_transit_sealer()
 
     @property
     def partition(self) -> int:
@@ -220,11 +227,16 @@ class OwnedPartition:
         decoded: list[tuple[int, Any]] = []
         for record in records:
             try:
-                decoded.append((record.offset, decode_conversation_request(record.value)))
-            except (msgspec.DecodeError, msgspec.ValidationError, TypeError) as exc:
+                value = self.transit.open(record.value)  # the gateway's hop seal (decision 44)
+                decoded.append((record.offset, decode_conversation_request(value)))
+            except (msgspec.DecodeError, msgspec.ValidationError, TypeError, TransitError) as exc:
                 log.error("p%d: undecodable request at %d: %s", self.partition, record.offset, exc)
                 decoded.append((record.offset, None))
         armed = self.crash.armed([r for _, r in decoded])
+        if self.ctx.ensure_keys is not None:  # keys durable before anything is sealed with them
+            wanted = conversations_to_seal(self.writer, self.ctx, (r for _, r in decoded))
+            if wanted:
+                await self.ctx.ensure_keys(wanted)
         now_ms = int(time.time() * 1000)
         plan = Plan()
         for offset, request in decoded:

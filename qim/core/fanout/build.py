@@ -137,7 +137,7 @@ def message_dispatch(record: MessageCommitted, shard: int) -> GroupDispatch:
         preview_or_placeholder=(
             record.preview_or_placeholder
             if record.message_type == MessageType.CUSTOM or record.e2ee
-            else b""
+            else record.sealed_preview  # b"" unless the writer sealed the body (21.3.4)
         ),
         e2ee=record.e2ee,
     )

@@ -29,6 +29,7 @@ from typing import Final
 
 import msgspec
 
+from qim.core.keys.envelope import is_sealed
 from qim.core.mailbox.carry import carried_entries
 from qim.core.mailbox.keys import u64, user_entry_prefix
 from qim.core.mailbox.kvstore import Overlay
@@ -198,9 +199,21 @@ def facts_of(d: GroupDispatch, mailbox_seq: int, expire_at: int = 0) -> StoredFa
         reply_to_sender_id=template.reply_to_sender_id,
         # a custom type's preview is its writer-fixed placeholder (spec 13.3 preview_template),
         # never a slice of a business payload the server does not parse
-        preview=d.preview_or_placeholder or d.payload[:PREVIEW_BYTES],
+        # and never a slice of ciphertext: a sealed body's preview is sealed by the writer
+        preview=d.preview_or_placeholder or _payload_preview(d.payload),
         e2ee=d.e2ee,
     )
+
+
+def _payload_preview(payload: bytes) -> bytes:
+    """A plaintext body's first ``PREVIEW_BYTES``; nothing for a sealed one (its preview came
+    sealed in ``preview_or_placeholder``, topology.md decision 44)."""
+    return b"" if is_sealed(payload) else payload[:PREVIEW_BYTES]
+
+
+def _preview_slice(preview: bytes) -> bytes:
+    """A preview as kept: a sealed one whole (a slice would not open), others capped."""
+    return preview if is_sealed(preview) else preview[:PREVIEW_BYTES]
 
 
 def encode_facts(facts: StoredFacts) -> bytes:
@@ -219,7 +232,7 @@ def amended_facts(facts: StoredFacts, d: GroupDispatch, mailbox_seq: int) -> Sto
     """The target's row after the amend ``d`` at ``mailbox_seq`` (13.4.1 step 4 on this shard):
     a recall / delete removes it as of ``mailbox_seq`` (the first removal wins) and shows the
     placeholder; an edit shows the new text unless the message is already removed."""
-    preview = d.preview_or_placeholder[:PREVIEW_BYTES]
+    preview = _preview_slice(d.preview_or_placeholder)
     if d.amend_action in REMOVING:
         removed = facts.removed_mailbox_seq or mailbox_seq
         return msgspec.structs.replace(

@@ -113,6 +113,7 @@ from qim.schemas.records.transient import (
     decode_typing_relay,
 )
 from qim.streams.producer import replaced_counter
+from qim.streams.transit import TransitError, TransitSealer, load_transit_sealer
 
 if TYPE_CHECKING:
     from qim.gateway.config import GatewayConfig
@@ -200,8 +201,11 @@ class ConversationRouter:
         pending_ttl_ms: int = 60_000,
         max_pending: int = 100_000,
         history_pull_rate: Rate = _HISTORY_PULL_RATE,
+        transit: TransitSealer | None = None,
     ) -> None:
         self.forwarder = forwarder
+        self.transit = transit if transit is not None else load_transit_sealer()
+        """Opens the to-gateway values the decrypt points sealed for this hop (decision 44)."""
         self._registry = registry
         self._shard_of = shard_of
         self._clock_ms = clock_ms
@@ -424,6 +428,12 @@ class ConversationRouter:
 
     def deliver(self, value: bytes | None) -> ReplyVerdict:
         """Write one to-gateway record to its connection (or count why not)."""
+        if value:
+            try:
+                value = self.transit.open(value)
+            except TransitError:
+                self.metrics.records.labels(kind="sealed", result="malformed").inc()
+                return ReplyVerdict.MALFORMED
         resolved = resolve_reply(value, self._registry)
         if self.mailbox is not None and value and resolved.kind == "mailbox_reply":
             verdict = self.mailbox.deliver(value)
@@ -595,6 +605,8 @@ def build_router(
             client_id=config.node_id,
             on_replaced=lambda reason: replaced.labels(producer="requests", reason=reason).inc(),
         )
+        # a send's body is in clear until the writer seals it: sealed for this hop (decision 44)
+        producer.seal_topics[config.requests_topic] = load_transit_sealer().seal  # type: ignore[attr-defined]
     settings = config.settings
     extra = {}
     if config.mailbox_sync:

@@ -132,6 +132,12 @@ class MessageCommitted(
     anchor_mode: str = "own_seq"
     schema_version: U32 = 0
     e2ee: bool = False
+    sealed_preview: bytes = b""
+    """The session preview of an ordinary (non-custom, non-E2EE) message: the first
+    ``PREVIEW_BYTES`` of the body, sealed by the writer like the body (spec 21.3.4; AAD seq 0,
+    ``qim.agents.keyring.PREVIEW_SEQ``). The fanout ships it as the dispatch's
+    ``preview_or_placeholder``, so a MailboxNode never slices a preview out of ciphertext.
+    Empty when bodies are not sealed (records written before crypto-erasure)."""
 
 
 class PreviewPlaceholder(
