@@ -98,6 +98,8 @@ class ConnectionHooks(Protocol):
 
     def closing(self, conn: Connection, reason: CloseReason) -> None: ...
 
+    def pushed(self, conn: Connection, mailbox_seq: int) -> None: ...
+
     def finished(self, conn: Connection) -> None: ...
 
 
@@ -252,7 +254,8 @@ class Connection:
             chunk_bytes=self._chunk,
             max_frame_bytes=self.session.config.limits.max_frame_bytes,
         )
-        tag = PushTag(push.ledger_bytes, sum(len(p) for p in pieces), push.priority)
+        wire = sum(len(p) for p in pieces)
+        tag = PushTag(push.ledger_bytes, wire, push.priority, push.mailbox_seq)
         if not self._pushes_pending():  # the no-consumption clock starts with a backlog
             self._consumed_ms = self._clock_ms()
         self.outbound.push(pieces, Stream.REALTIME, tag)
@@ -308,6 +311,7 @@ class Connection:
         if self.inflight.left > before or not self._pushes_pending():
             self._consumed_ms = now
         if gone:
+            self._hooks.pushed(self, max(t.mailbox_seq for t in gone))  # 16.1.2 PUSHED
             ledger = sum(t.ledger_bytes for t in gone)
             self.apply(self.session.push_drained(ledger, len(gone), now))
         elif now - self._consumed_ms >= self.session.config.idle_timeout_ms:
