@@ -171,6 +171,7 @@ class ConnectionNode:
             )  # fmt: skip
             self.router.rtc = self.rtc
         self.evidence: EvidenceReporter | None = None  # 16.1.2, with a MailboxNode to tell
+        self._undelivered: set[Connection] = set()  # PUSHED, the peer's kernel ack not seen
         if self.router is not None and self.router.mailbox is not None:
             self.evidence = _evidence_reporter(config, self.router, self.metrics.registry)
         if frame_handler is None and self.router is not None:
@@ -214,7 +215,7 @@ class ConnectionNode:
             asyncio.create_task(self._renew_loop(), name="presence-renew"),
         ]
         if self.evidence is not None:
-            self._background.append(asyncio.create_task(self.evidence.run(), name="push-evidence"))
+            self._background.append(asyncio.create_task(self._evidence_loop(), name="evidence"))
 
     async def stop(self) -> None:
         """Stop listening, close every connection (tombstoning its presence), flush."""
@@ -385,6 +386,7 @@ class ConnectionNode:
         grant = conn.session.grant
         if grant is None:
             return
+        self._undelivered.discard(conn)
         if self.evidence is not None:  # INV-50: every close path of an authenticated session
             self.evidence.closed(
                 (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch),
@@ -403,6 +405,36 @@ class ConnectionNode:
         if self.evidence is not None and grant is not None and not conn.closing:
             session = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch)
             self.evidence.pushed(session, mailbox_seq)
+            self._undelivered.add(conn)
+
+    def _delivered(self) -> None:
+        """DELIVERED evidence of the connections whose PUSHED frames the peer's kernel has
+        acknowledged since (read before each flush; only connections that pushed)."""
+        evidence = self.evidence
+        assert evidence is not None
+        for conn in list(self._undelivered):
+            grant = conn.session.grant
+            if grant is None or conn.closing:
+                self._undelivered.discard(conn)
+                continue
+            seq = conn.pushed_seq  # before the probe: those bytes are in the kernel already
+            if conn.peer_acked():
+                conn.delivered_seq = seq
+                session = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch)
+                evidence.delivered(session, seq)
+                if conn.pushed_seq == seq:
+                    self._undelivered.discard(conn)
+
+    async def _evidence_loop(self) -> None:
+        evidence = self.evidence
+        assert evidence is not None
+        while True:
+            await asyncio.sleep(evidence.flush_ms / 1000)
+            try:
+                self._delivered()
+                evidence.flush()
+            except Exception:
+                log.exception("push evidence flush failed")
 
     def _applied(self, conn: Connection, mailbox_seq: int) -> None:
         grant = conn.session.grant

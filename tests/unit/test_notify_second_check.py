@@ -109,3 +109,19 @@ def test_planner_holds_alerts_for_online_devices_and_sends_offline_ones() -> Non
     badge_only = UserFold("t", "alice", (), Badge(0, 0, 0, 91), True)
     now, held = plan_device_tasks([badge_only], digests=cache, online={("t", "alice"): ["desktop"]})
     assert [(t.device_id, t.kind) for t in now] == [("phone", "badge")] and held == []
+
+
+def test_delivered_to_the_peer_kernel_ends_the_extended_window_without_a_push() -> None:
+    check = _check()
+    check.hold([_task(10), _task(20)], now_ms=0)
+    check.evidence(DESKTOP, pushed_seq=20, applied_seq=0, delivered_seq=10)
+    assert check.advance(17900) == []
+    assert [t.mailbox_seq for t in check.advance(18000)] == [20]  # 20 never reached the peer
+    assert check.confirmed_alive == 1 and len(check) == 0
+
+
+def test_a_close_pushes_even_what_was_delivered_but_not_applied() -> None:
+    check = _check()
+    check.hold([_task(10)], now_ms=0)
+    check.evidence(DESKTOP, pushed_seq=10, applied_seq=0, delivered_seq=10)
+    assert [t.mailbox_seq for t in check.closed(DESKTOP, applied_seq=0)] == [10]

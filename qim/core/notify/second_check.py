@@ -11,10 +11,13 @@ re-checked when the slot comes due). What happens to a held task:
   from another device;
 * PUSHED evidence (its frame left the device's socket buffer) -> its deadline moves from
   ``push_grace_window`` to ``push_confirm_extended_window`` after materialization;
-* the deadline passes without APPLIED -> emitted, exactly like an offline device's task
-  (PD-1; also after the extended window: a connection that is still open but has not
-  advanced its cursor in 18 s is treated as not reading -- see topology.md for why this
-  deviates from 16.1.2's "delete at 18 s");
+* the grace deadline passes with neither PUSHED nor APPLIED -> emitted, exactly like an
+  offline device's task (PD-1: a zombie the bitmap calls online);
+* the extended deadline passes without APPLIED -> emitted, unless DELIVERED evidence says the
+  peer's TCP acknowledged the frame's bytes (16.1.2: "18 s pass and the connection is still
+  alive, so the peer kernel acked the data -> delete the task"); a frame that sits unacked in
+  the kernel for 18 s is a silently dead or stalled peer (26.5.6's negative case) and is
+  pushed without waiting for ``tcp_user_timeout`` to close the socket;
 * CONN_CLOSED of the device -> every held task above the device's APPLIED evidence is
   emitted at once (the zombie catch-up; the caller skips it when a newer session of the same
   device is already live).
@@ -48,6 +51,7 @@ class _Held:
     task: PushTask
     materialized_ms: int
     pushed: bool = False
+    delivered: bool = False
 
 
 @dataclass(slots=True)
@@ -55,6 +59,7 @@ class _Device:
     held: list[_Held] = field(default_factory=list)
     applied_seq: int = 0
     pushed_seq: int = 0
+    delivered_seq: int = 0
 
 
 class SecondCheck:
@@ -75,6 +80,7 @@ class SecondCheck:
         self.grace_ms, self.extended_ms, self.max_held = grace_ms, extended_ms, max_held
         self._wheel: TimingWheel[DeviceRef] = TimingWheel(tick_ms, slots, now_ms=now_ms)
         self._devices: dict[DeviceRef, _Device] = {}
+        self.confirmed_alive = 0  # held tasks dropped at the extended window (delivered)
 
     # -- inputs -------------------------------------------------------------------------------
 
@@ -86,7 +92,10 @@ class SecondCheck:
             device = self._devices.setdefault(ref, _Device())
             if task.mailbox_seq <= device.applied_seq:
                 continue  # applied already
-            device.held.append(_Held(task, now_ms, pushed=task.mailbox_seq <= device.pushed_seq))
+            seq = task.mailbox_seq
+            device.held.append(
+                _Held(task, now_ms, seq <= device.pushed_seq, seq <= device.delivered_seq)
+            )
             touched.add(ref)
         for ref in touched:
             device = self._devices[ref]
@@ -94,17 +103,20 @@ class SecondCheck:
             del device.held[: max(0, len(device.held) - self.max_held)]
             self._reschedule(ref, device)
 
-    def evidence(self, ref: DeviceRef, *, pushed_seq: int, applied_seq: int) -> None:
-        """PUSHED / APPLIED maxima reported for this device (0 = none of that kind)."""
+    def evidence(
+        self, ref: DeviceRef, *, pushed_seq: int, applied_seq: int, delivered_seq: int = 0
+    ) -> None:
+        """PUSHED / APPLIED / DELIVERED maxima reported for this device (0 = none)."""
         device = self._devices.get(ref)
         if device is None:  # nothing held: evidence only ever follows the fold it confirms
             return
         device.applied_seq = max(device.applied_seq, applied_seq)
-        device.pushed_seq = max(device.pushed_seq, pushed_seq)
+        device.delivered_seq = max(device.delivered_seq, delivered_seq)
+        device.pushed_seq = max(device.pushed_seq, pushed_seq, device.delivered_seq)
         device.held = [h for h in device.held if h.task.mailbox_seq > device.applied_seq]
         for h in device.held:
-            if h.task.mailbox_seq <= device.pushed_seq:
-                h.pushed = True
+            h.pushed = h.pushed or h.task.mailbox_seq <= device.pushed_seq
+            h.delivered = h.delivered or h.task.mailbox_seq <= device.delivered_seq
         if device.held:
             self._reschedule(ref, device)
         else:
@@ -128,7 +140,8 @@ class SecondCheck:
     # -- the tick -----------------------------------------------------------------------------
 
     def advance(self, now_ms: int) -> list[PushTask]:
-        """The tasks whose window passed without APPLIED evidence, in (device, seq) order."""
+        """The tasks whose window passed without APPLIED evidence, in (device, seq) order;
+        delivered ones whose extended window passed are dropped (the connection is alive)."""
         out: list[PushTask] = []
         for ref in sorted(self._wheel.advance(now_ms)):
             device = self._devices.get(ref)
@@ -137,7 +150,9 @@ class SecondCheck:
             keep = []
             for h in device.held:
                 if now_ms >= self._deadline(h):
-                    out.append(h.task)
+                    if not h.delivered:
+                        out.append(h.task)
+                    self.confirmed_alive += h.delivered
                 else:
                     keep.append(h)
             device.held = keep

@@ -5,6 +5,9 @@ What the MailboxNode's second check needs from the gateway, and nothing more:
 * PUSHED: a PUSH_EVENTS frame of ``mailbox_seq`` S left this connection's send buffer into
   the socket (the driver measured it, :mod:`~qim.gateway.transport.sendbuf`); only the maximum
   per device is kept;
+* DELIVERED: the peer's TCP acknowledged everything written up to a PUSHED frame (the
+  kernel's send queue is empty, ``SIOCOUTQ``), checked each flush for the connections that
+  have PUSHED frames not yet known delivered;
 * APPLIED: the device's ``PING.last_applied_mailbox_seq`` / ``PULL_MAILBOX.acked_seq``,
   reported only when it grows (a PING repeats the same cursor every beat);
 * CONN_CLOSED{device_id, session_epoch, last_pushed_user_seq}: on every close path of an
@@ -21,7 +24,6 @@ which costs at most one extra push.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -75,8 +77,8 @@ class EvidenceReporter:
         self._submit = submit
         self._shard_of = mailbox_shard_of
         self.flush_ms = flush_ms
-        self._pending: dict[_Session, list[int]] = {}  # [pushed, applied] not yet sent
-        self._reported: dict[_Session, list[int]] = {}  # [pushed, applied] already sent
+        self._pending: dict[_Session, list[int]] = {}  # [pushed, applied, delivered] unsent
+        self._reported: dict[_Session, list[int]] = {}  # [pushed, applied, delivered] sent
         self.sent = Counter(
             "push_evidence_records",
             "Second-check records the ConnectionNode sent to the MailboxShards (16.1.2), by "
@@ -91,14 +93,17 @@ class EvidenceReporter:
     def applied(self, session: _Session, mailbox_seq: int) -> None:
         self._note(session, 1, mailbox_seq)
 
+    def delivered(self, session: _Session, mailbox_seq: int) -> None:
+        self._note(session, 2, mailbox_seq)
+
     def _note(self, session: _Session, index: int, seq: int) -> None:
         if seq <= 0:
             return
-        reported = self._reported.setdefault(session, [0, 0])
+        reported = self._reported.setdefault(session, [0, 0, 0])
         if seq <= reported[index]:
             return
         reported[index] = seq
-        pending = self._pending.setdefault(session, [0, 0])
+        pending = self._pending.setdefault(session, [0, 0, 0])
         pending[index] = max(pending[index], seq)
 
     def closed(self, session: _Session, *, last_pushed_user_seq: int, connection_id: str,
@@ -106,7 +111,7 @@ class EvidenceReporter:
         """CONN_CLOSED now, with the device's freshest APPLIED (module doc)."""
         tenant, user, device, epoch = session
         self._pending.pop(session, None)
-        reported = self._reported.pop(session, [0, 0])
+        reported = self._reported.pop(session, [0, 0, 0])
         record = ConnClosed(
             tenant_id=tenant,
             user_id=user,
@@ -124,7 +129,7 @@ class EvidenceReporter:
         """One PushEvidence per (tenant, shard) of everything pending; returns how many."""
         pending, self._pending = self._pending, {}
         groups: dict[tuple[str, int], list[DeviceEvidence]] = {}
-        for (tenant, user, device, epoch), (pushed, applied) in sorted(pending.items()):
+        for (tenant, user, device, epoch), (pushed, applied, delivered) in sorted(pending.items()):
             groups.setdefault((tenant, self._shard_of(tenant, user)), []).append(
                 DeviceEvidence(
                     user_id=user,
@@ -132,20 +137,13 @@ class EvidenceReporter:
                     session_epoch=epoch,
                     pushed_seq=pushed,
                     applied_seq=applied,
+                    delivered_seq=delivered,
                 )
             )
         for (tenant, shard), devices in groups.items():
             record = PushEvidence(tenant_id=tenant, mailbox_shard=shard, devices=tuple(devices))
             self._send(record, "push_evidence")
         return len(groups)
-
-    async def run(self) -> None:
-        while True:
-            await asyncio.sleep(self.flush_ms / 1000)
-            try:
-                self.flush()
-            except Exception:
-                log.exception("push evidence flush failed")
 
     def _send(self, record: PushEvidence | ConnClosed, kind: str) -> None:
         queued = self._submit(_Out(record))

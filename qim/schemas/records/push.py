@@ -199,6 +199,9 @@ class DeviceEvidence(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=Tr
     send buffer into the socket (PUSHED, "in the send buffer, not proof of arrival").
     ``applied_seq``: the largest ``PING.last_applied_mailbox_seq`` / ``PULL_MAILBOX.acked_seq``
     the device sent (APPLIED; cursors are per device, never borrowed from another one).
+    ``delivered_seq``: the largest ``mailbox_seq`` PUSHED whose bytes the peer's TCP has since
+    acknowledged (the kernel's send queue drained): 16.1.2's "the connection is still alive,
+    the peer kernel acked the data", which lets the extended window end without a push.
     0 = nothing new of that kind."""
 
     user_id: str
@@ -206,6 +209,7 @@ class DeviceEvidence(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=Tr
     session_epoch: U64
     pushed_seq: U64 = 0
     applied_seq: U64 = 0
+    delivered_seq: U64 = 0
 
 
 class PushEvidence(_Record, tag="push_evidence", kw_only=True, frozen=True):
