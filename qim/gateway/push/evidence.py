@@ -108,9 +108,12 @@ class EvidenceReporter:
 
     def closed(self, session: _Session, *, last_pushed_user_seq: int, connection_id: str,
                reason: str) -> None:  # fmt: skip
-        """CONN_CLOSED now, with the device's freshest APPLIED (module doc)."""
+        """CONN_CLOSED now, with the device's freshest APPLIED (module doc). Everything else
+        pending is flushed first, so on the shard's partition the close follows all evidence
+        this node saw before it (another device's APPLIED included)."""
         tenant, user, device, epoch = session
         self._pending.pop(session, None)
+        self.flush()
         reported = self._reported.pop(session, [0, 0, 0])
         record = ConnClosed(
             tenant_id=tenant,

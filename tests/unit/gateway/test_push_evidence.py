@@ -64,3 +64,10 @@ def test_conn_closed_goes_at_once_and_carries_the_buffered_applied() -> None:
     assert (record.device_id, record.session_epoch) == ("desktop", 5)
     assert (record.last_pushed_user_seq, record.applied_seq) == (30, 20)
     assert reporter.flush() == 0  # its evidence rode the close, nothing trails behind it
+
+
+def test_a_close_flushes_the_other_devices_evidence_before_itself() -> None:
+    reporter, sent = _reporter()
+    reporter.applied(PHONE, 7)
+    reporter.closed(DESKTOP, last_pushed_user_seq=0, connection_id="c2", reason="peer_closed")
+    assert [type(r).__name__ for _, r in sent] == ["PushEvidence", "ConnClosed"]
