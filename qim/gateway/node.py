@@ -391,6 +391,7 @@ class ConnectionNode:
             self.evidence.closed(
                 (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch),
                 last_pushed_user_seq=conn.session.last_pushed_user_seq,
+                sync_to_seq=conn.session.sync_to_seq,
                 connection_id=conn.conn_id,
                 reason=reason.value,
             )

@@ -27,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import functools
 import os
+import urllib.request
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 from websockets.protocol import State
 
 from qim.client import QimClient, QimError
@@ -52,6 +54,7 @@ PHONE_TOKEN = "f1" * 32
 DESKTOP_TOKEN = "f2" * 32
 TABLET_TOKEN = "f3" * 32
 WATCH_TOKEN = "f4" * 32
+LATE_TOKEN = "f5" * 32
 KiB = 1024
 
 
@@ -219,4 +222,47 @@ async def test_a_device_that_stops_reading_is_pushed_after_the_window_while_stil
     finally:
         if stall.transport is not None:
             stall.transport.reading.set()
+        await scene.aclose()
+
+
+def _second_checks(scene: Scene, outcome: str) -> float:
+    """``push_second_check_total{outcome}`` of the mailbox worker (0 before the first)."""
+    url = f"http://127.0.0.1:{scene.mailbox}/metrics"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        text = resp.read().decode()
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "push_second_check_total" and sample.labels == {"outcome": outcome}:
+                return float(sample.value)
+    return 0.0
+
+
+async def test_a_close_after_the_window_is_caught_up_from_the_range_it_never_applied(
+    running: Stack,
+) -> None:
+    """AT-106 shape: the entry reached the device's kernel (the extended window ended without
+    a push: the connection was alive), the device never applied it, and its connection closes
+    later: CONN_CLOSED's range (APPLIED, last_pushed_user_seq] is read back and pushed."""
+    scene = Scene(running)
+    try:
+        before = await asyncio.to_thread(scene.digests)
+        tablet = await _device(scene, "late", LATE_TOKEN)
+        await _until(lambda: scene.digests() >= before + 1, "digest never reached the node")
+        await _until(lambda: scene.online("alice") == ["late"], "presence")
+        bob, _, _ = await scene.login("bob", "phone")
+        delivered = await asyncio.to_thread(_second_checks, scene, "delivered")
+        ack = await _send(bob, "alice", b"read me later", "l1")
+        await _pushed(tablet, ack.message_id)  # on its socket; never applied
+        # Barrier: the held task ended at the extended window as delivered, not pushed.
+        await _until(
+            lambda: _second_checks(scene, "delivered") > delivered, "extended window never ended"
+        )
+        assert await scene.received(LATE_TOKEN) == []
+        ranged = await asyncio.to_thread(_second_checks, scene, "conn_closed_range")
+        await tablet.close()
+        tasks = await _tasks_until(scene, "alice", "late", ack.message_id)
+        assert [(t.device_id, t.kind) for t in tasks] == [("late", "alert")]
+        await scene.wait_received(LATE_TOKEN, 1)
+        assert await asyncio.to_thread(_second_checks, scene, "conn_closed_range") > ranged
+    finally:
         await scene.aclose()

@@ -52,6 +52,7 @@ from qim.agents.mailbox.offline_push import (
     DigestFollower,
     OfflinePush,
     OnlineChecks,
+    catch_up_tasks,
     user_folds,
     with_current_badge,
 )
@@ -76,6 +77,7 @@ from qim.core.mailbox import WrittenGroup
 from qim.core.mailbox.sessions import SessionChange
 from qim.schemas.records.dispatch import GroupDispatch, ShardLogRecord
 from qim.schemas.records.notify import PushTask
+from qim.schemas.records.push import ConnClosed
 from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
 from qim.streams.producer import RecoveringProducer, replaced_counter
@@ -248,6 +250,31 @@ class MailboxNodeService(Service):
             async with self._lock:
                 for p, tasks in self.checks.due(int(time.time() * 1000)).items():
                     await self._send_checked(p, tasks)
+
+    def _catch_up(
+        self, p: int, closes: Sequence[ConnClosed], released: Sequence[PushTask]
+    ) -> list[PushTask]:
+        """16.1.2 catch-all: each closed device's (APPLIED, last_pushed_user_seq] entries
+        that no held task covered (e.g. delivered to its kernel, then the app died)."""
+        shard = self.owned.get(p)
+        if shard is None or not closes or not len(self.digests.cache):
+            return []
+        out: list[PushTask] = []
+        for closed in closes:
+            skip = frozenset(t.event_id for t in released if t.device_id == closed.device_id)
+            try:
+                out += catch_up_tasks(
+                    closed,
+                    reader=shard.reader,
+                    store=shard.store,
+                    digests=self.digests.cache,
+                    at_all_notify_muted=self.options.at_all_notify_muted(closed.tenant_id),
+                    skip=skip,
+                )
+            except Exception:
+                log.exception("shard %d: CONN_CLOSED catch-up of %s failed", p, closed.user_id)
+        self.checks.outcomes.labels("conn_closed_range").inc(len(out))
+        return out
 
     async def _send_checked(self, p: int, tasks: Sequence[PushTask]) -> None:
         """Second-check tasks of shard ``p`` out, badges as committed now; never raises."""
@@ -582,8 +609,10 @@ class MailboxNodeService(Service):
         now_ms = int(time.time() * 1000)
         for stale in stale_reports(records):
             self.metrics.on_presence_stale(self.presence.invalidate(stale, now_ms))
-        released = self.checks.apply(partition, records, self.presence.cache(partition), now_ms)
-        await self._send_checked(partition, released)  # CONN_CLOSED: offline at once
+        released, closes = self.checks.apply(
+            partition, records, self.presence.cache(partition), now_ms
+        )
+        await self._send_checked(partition, released + self._catch_up(partition, closes, released))
         commands = user_state_commands(records, partition, now_ms)
         await self._append(self._reads.add(commands, now_ms))
         replies = replies_for(

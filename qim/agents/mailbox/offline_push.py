@@ -33,7 +33,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -52,7 +52,15 @@ from qim.schemas.records.push import ConnClosed, PushEvidence
 from qim.schemas.records.user_requests import decode_user_request
 from qim.schemas.seqs import split_mailbox_seq
 
-__all__ = ["DigestFollower", "OfflinePush", "OnlineChecks", "user_folds", "with_current_badge"]
+__all__ = [
+    "CATCH_UP_MAX",
+    "DigestFollower",
+    "OfflinePush",
+    "OnlineChecks",
+    "catch_up_tasks",
+    "user_folds",
+    "with_current_badge",
+]
 
 log = logging.getLogger(__name__)
 
@@ -163,42 +171,98 @@ def user_folds(
         for c in sessions
         if c.badge_changed and wakeable(c.tenant_id, c.user_id)
     }
-    folds = []
-    for tenant, user in sorted(set(entries) | changed):
-        b = load_header(store, tenant, user).badge
-        mine = entries.get((tenant, user), [])
-        policies = []
-        for conversation_id in sorted({e.conversation_id for e in mine}):
-            state = load_state(store, tenant, user, conversation_id)
-            policy = push_policy(
-                state.muted,
-                state.notification_policy,
-                at_all_notify_muted=at_all_notify_muted(tenant),
-            )
-            if policy != "ALL":
-                policies.append((conversation_id, policy))
-        folds.append(
-            UserFold(
-                tenant_id=tenant,
-                user_id=user,
-                entries=tuple(mine),
-                badge=Badge(
-                    b.total_unread, b.total_mention, b.muted_unread, b.badge_projection_mailbox_seq
-                ),
-                badge_changed=(tenant, user) in changed,
-                policies=tuple(policies),
-                e2ee=tuple(
-                    sorted(
-                        {
-                            e.conversation_id
-                            for e in mine
-                            if is_e2ee_message(store, tenant, e.conversation_id, e.conversation_seq)
-                        }
-                    )
-                ),
-            )
+    return [
+        _fold_of(
+            store,
+            tenant,
+            user,
+            entries.get((tenant, user), []),
+            badge_changed=(tenant, user) in changed,
+            at_all_notify_muted=at_all_notify_muted(tenant),
         )
-    return folds
+        for tenant, user in sorted(set(entries) | changed)
+    ]
+
+
+def _fold_of(
+    store: KVReader,
+    tenant: str,
+    user: str,
+    mine: Sequence[SyncEntry],
+    *,
+    badge_changed: bool,
+    at_all_notify_muted: bool,
+) -> UserFold:
+    """One user's :class:`UserFold` of these entries, read from the committed store."""
+    b = load_header(store, tenant, user).badge
+    policies = []
+    for conversation_id in sorted({e.conversation_id for e in mine}):
+        state = load_state(store, tenant, user, conversation_id)
+        policy = push_policy(
+            state.muted, state.notification_policy, at_all_notify_muted=at_all_notify_muted
+        )
+        if policy != "ALL":
+            policies.append((conversation_id, policy))
+    return UserFold(
+        tenant_id=tenant,
+        user_id=user,
+        entries=tuple(mine),
+        badge=Badge(
+            b.total_unread, b.total_mention, b.muted_unread, b.badge_projection_mailbox_seq
+        ),
+        badge_changed=badge_changed,
+        policies=tuple(policies),
+        e2ee=tuple(
+            sorted(
+                {
+                    e.conversation_id
+                    for e in mine
+                    if is_e2ee_message(store, tenant, e.conversation_id, e.conversation_seq)
+                }
+            )
+        ),
+    )
+
+
+CATCH_UP_MAX: Final = 50
+"""The newest entries of a CONN_CLOSED range that get a PushTask (``nse_pull_max_items``: the
+notification extension pulls at most that many anyway; the NotificationService merges)."""
+
+
+def catch_up_tasks(
+    closed: ConnClosed,
+    *,
+    reader: MailboxReader,
+    store: KVReader,
+    digests: DigestCache,
+    at_all_notify_muted: bool,
+    skip: frozenset[str] = frozenset(),
+) -> list[PushTask]:
+    """16.1.2's catch-all: the alert tasks of the closed device for its entries in (latest
+    APPLIED, ``last_pushed_user_seq``], read from the committed store, as for an offline
+    device (mute and E2EE rules included). The floor is also the login's ``sync_to_seq``:
+    what the login pull delivered was not pushed. ``skip``: event ids already released."""
+    after = max(closed.applied_seq, closed.sync_to_seq)
+    if closed.last_pushed_user_seq <= after:
+        return []
+    tenant, user = closed.tenant_id, closed.user_id
+    rows: list[SyncEntry] = []
+    for _, found in reader.read_user_range(tenant, user, after, closed.last_pushed_user_seq):
+        rows.extend(found)
+    fold = _fold_of(
+        store,
+        tenant,
+        user,
+        rows[-CATCH_UP_MAX:],
+        badge_changed=False,
+        at_all_notify_muted=at_all_notify_muted,
+    )
+    tasks, _ = plan_device_tasks([fold], digests=digests, online={})
+    return [
+        t
+        for t in tasks
+        if t.device_id == closed.device_id and t.kind == "alert" and t.event_id not in skip
+    ]
 
 
 class OfflinePush:
@@ -287,6 +351,8 @@ class OnlineChecks:
             "(an alert task awaiting evidence), expired (pushed: the window passed without "
             "APPLIED), delivered (dropped at the extended window: the peer's TCP acknowledged "
             "the frame, the connection is alive), conn_closed (pushed at CONN_CLOSED), "
+            "conn_closed_range (pushed at CONN_CLOSED from the store: entries in (APPLIED, "
+            "last_pushed_user_seq] no held task covered), "
             "superseded (held tasks of a device whose closed session has a newer live one: "
             "not pushed at the close, they keep their windows).",
             ["outcome"],
@@ -334,13 +400,15 @@ class OnlineChecks:
         records: Iterable[Any],
         presence: ShardPresenceCache | None,
         now_ms: int,
-    ) -> list[PushTask]:
-        """The PushEvidence / CONN_CLOSED records of a user-requests run; returns the tasks a
-        close released (other kinds are skipped)."""
+    ) -> tuple[list[PushTask], list[ConnClosed]]:
+        """The PushEvidence / CONN_CLOSED records of a user-requests run; returns the tasks
+        the closes released and the closes themselves (the caller reads their ranges, 16.1.2
+        catch-all); other kinds are skipped."""
         check = self.shards.get(shard)
         if check is None:
-            return []
+            return [], []
         out: list[PushTask] = []
+        closes: list[ConnClosed] = []
         for record in records:
             try:
                 request = decode_user_request(record.value)
@@ -365,7 +433,8 @@ class OnlineChecks:
                 released = check.closed(ref, applied_seq=request.applied_seq)
                 self.outcomes.labels("conn_closed").inc(len(released))
                 out.extend(released)
-        return out
+                closes.append(request)
+        return out, closes
 
     def due(self, now_ms: int) -> dict[int, list[PushTask]]:
         """Per shard, the tasks whose window passed without APPLIED evidence."""

@@ -107,7 +107,7 @@ class EvidenceReporter:
         pending[index] = max(pending[index], seq)
 
     def closed(self, session: _Session, *, last_pushed_user_seq: int, connection_id: str,
-               reason: str) -> None:  # fmt: skip
+               reason: str, sync_to_seq: int = 0) -> None:  # fmt: skip
         """CONN_CLOSED now, with the device's freshest APPLIED (module doc). Everything else
         pending is flushed first, so on the shard's partition the close follows all evidence
         this node saw before it (another device's APPLIED included)."""
@@ -122,6 +122,7 @@ class EvidenceReporter:
             session_epoch=epoch,
             last_pushed_user_seq=last_pushed_user_seq,
             applied_seq=reported[1],
+            sync_to_seq=sync_to_seq,
             connection_id=connection_id,
             reason=reason,
             mailbox_shard=self._shard_of(tenant, user),

@@ -235,7 +235,9 @@ class ConnClosed(_Record, tag="conn_closed", kw_only=True, frozen=True):
     """CONN_CLOSED{device_id, session_epoch, last_pushed_user_seq} (16.1.2, INV-50): sent on
     every close path of an authenticated connection, clean or not. ``applied_seq`` is the
     device's last APPLIED evidence on this connection (the evidence still buffered for it rides
-    here, so nothing is reordered behind the close); ``connection_id`` is informational."""
+    here, so nothing is reordered behind the close); ``sync_to_seq`` is the login's
+    AUTH_OK.sync_to_seq (entries up to it reached the device by its login pull, not by push);
+    ``connection_id`` is informational."""
 
     tenant_id: str
     user_id: str
@@ -243,6 +245,7 @@ class ConnClosed(_Record, tag="conn_closed", kw_only=True, frozen=True):
     session_epoch: U64
     last_pushed_user_seq: U64
     applied_seq: U64 = 0
+    sync_to_seq: U64 = 0
     connection_id: str = ""
     reason: str = ""
     mailbox_shard: U32
