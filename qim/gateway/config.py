@@ -69,6 +69,9 @@ class GatewayConfig:
     # RTC 13.5.2: an invite for a callee with no online device becomes a ``voip`` PushTask for
     # the NotificationService; "" = none runs: the caller is answered cancel{offline} at once
     push_tasks_topic: str = PUSH_TASKS.name
+    # 16.1.2: PUSHED / APPLIED evidence coalesced per device and flushed this often to the
+    # user's MailboxShard (well under push_grace_window; not an Appendix B parameter)
+    push_evidence_flush_ms: int = 250
     mailbox_sync_timeout_ms: int = 5_000  # no MailboxReply by then: ERROR{SHARD_MOVED} + close
     # a PULL_MAILBOX / PULL_SESSION_LIST with no MailboxReply by then: ERROR{SHARD_MOVED}
     mailbox_request_timeout_ms: int = 10_000

@@ -18,8 +18,9 @@ import secrets
 import time
 from collections.abc import Callable
 from itertools import count
+from typing import Any
 
-from prometheus_client import Counter
+from prometheus_client import CollectorRegistry, Counter
 
 from qim.core.push import BudgetDecision, FlowState
 from qim.core.revocation import revocation_hits
@@ -34,6 +35,7 @@ from qim.gateway.presence_directory import PresenceDirectory
 from qim.gateway.presence_subs import PresenceSubscriptions
 from qim.gateway.presence_writer import KafkaPresenceWriter, MemoryPresence
 from qim.gateway.push.delta_merge import SessionFrameMerge
+from qim.gateway.push.evidence import EvidenceReporter
 from qim.gateway.push.metrics import SendQueue
 from qim.gateway.revocations import RevocationFollower
 from qim.gateway.routing.forwarder import RequestProducer
@@ -49,6 +51,7 @@ from qim.gateway.wheel import TimingWheel
 from qim.schemas.frames import Error, ErrorCode, Frame, PullMailbox
 from qim.schemas.records.presence import PresenceKey
 from qim.schemas.records.revocation import RevocationNotice
+from qim.schemas.records.user_requests import mailbox_partition
 from qim.streams.producer import replaced_counter
 
 __all__ = ["ConnectionNode", "wall_clock_ms"]
@@ -167,6 +170,10 @@ class ConnectionNode:
                 push_partition_of=_user_shard(config),
             )  # fmt: skip
             self.router.rtc = self.rtc
+        self.evidence: EvidenceReporter | None = None  # 16.1.2, with a MailboxNode to tell
+        self._undelivered: set[Connection] = set()  # PUSHED, the peer's kernel ack not seen
+        if self.router is not None and self.router.mailbox is not None:
+            self.evidence = _evidence_reporter(config, self.router, self.metrics.registry)
         if frame_handler is None and self.router is not None:
             frame_handler = self.router.handle
         self.frame_handler = frame_handler
@@ -207,6 +214,8 @@ class ConnectionNode:
             asyncio.create_task(self._wheel_loop(), name="timing-wheel"),
             asyncio.create_task(self._renew_loop(), name="presence-renew"),
         ]
+        if self.evidence is not None:
+            self._background.append(asyncio.create_task(self._evidence_loop(), name="evidence"))
 
     async def stop(self) -> None:
         """Stop listening, close every connection (tombstoning its presence), flush."""
@@ -222,6 +231,8 @@ class ConnectionNode:
         for task in [*self._background, *self._tasks]:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        if self.evidence is not None:
+            self.evidence.flush()  # before the forwarder stops (the CONN_CLOSEDs are queued)
         if self.router is not None:
             await self.router.stop()
         if self._revocations is not None:
@@ -339,6 +350,8 @@ class ConnectionNode:
             and sync.progress.acked_past_contiguity(frame.body.acked_seq)
         ):
             self.metrics.push.cursor_advanced.inc()  # 24.1.5 P1: served anyway, counted
+        if isinstance(frame.body, PullMailbox):
+            self._applied(conn, frame.body.acked_seq)  # 16.1.2 APPLIED evidence
         if self.frame_handler is not None:
             self.frame_handler(conn, frame)
         elif conn.session.grant is not None and not conn.closing:
@@ -349,6 +362,7 @@ class ConnectionNode:
         if action.name in ("ping", "ping_probe"):
             interval = conn.session.config.next_ping_interval_ms
             self.metrics.on_ping(action.name == "ping_probe", interval)
+            self._applied(conn, conn.session.last_applied_mailbox_seq)  # 16.1.2 APPLIED
         else:
             self.metrics.on_count(action.name, action.label)
 
@@ -372,10 +386,62 @@ class ConnectionNode:
         grant = conn.session.grant
         if grant is None:
             return
+        self._undelivered.discard(conn)
+        if self.evidence is not None:  # INV-50: every close path of an authenticated session
+            self.evidence.closed(
+                (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch),
+                last_pushed_user_seq=conn.session.last_pushed_user_seq,
+                sync_to_seq=conn.session.sync_to_seq,
+                connection_id=conn.conn_id,
+                reason=reason.value,
+            )
         key = PresenceKey(grant.tenant_id, grant.user_id, grant.device_id)
         if self.registry.release(key.tenant_id, key.user_id, key.device_id, conn):
             self.presence.tombstone(key)  # offline; a replaced one leaves its successor's key
             self.metrics.presence.labels(kind="tombstone").inc()
+
+    def pushed(self, conn: Connection, mailbox_seq: int) -> None:
+        """PUSH_EVENTS up to ``mailbox_seq`` left this connection's send buffer (PUSHED)."""
+        grant = conn.session.grant
+        if self.evidence is not None and grant is not None and not conn.closing:
+            session = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch)
+            self.evidence.pushed(session, mailbox_seq)
+            self._undelivered.add(conn)
+
+    def _delivered(self) -> None:
+        """DELIVERED evidence of the connections whose PUSHED frames the peer's kernel has
+        acknowledged since (read before each flush; only connections that pushed)."""
+        evidence = self.evidence
+        assert evidence is not None
+        for conn in list(self._undelivered):
+            grant = conn.session.grant
+            if grant is None or conn.closing:
+                self._undelivered.discard(conn)
+                continue
+            seq = conn.pushed_seq  # before the probe: those bytes are in the kernel already
+            if conn.peer_acked():
+                conn.delivered_seq = seq
+                session = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch)
+                evidence.delivered(session, seq)
+                if conn.pushed_seq == seq:
+                    self._undelivered.discard(conn)
+
+    async def _evidence_loop(self) -> None:
+        evidence = self.evidence
+        assert evidence is not None
+        while True:
+            await asyncio.sleep(evidence.flush_ms / 1000)
+            try:
+                self._delivered()
+                evidence.flush()
+            except Exception:
+                log.exception("push evidence flush failed")
+
+    def _applied(self, conn: Connection, mailbox_seq: int) -> None:
+        grant = conn.session.grant
+        if self.evidence is not None and grant is not None and mailbox_seq:
+            session = (grant.tenant_id, grant.user_id, grant.device_id, grant.session_epoch)
+            self.evidence.applied(session, mailbox_seq)
 
     def finished(self, conn: Connection) -> None:
         self.connections.pop(conn.conn_id, None)
@@ -429,6 +495,30 @@ class ConnectionNode:
             await asyncio.sleep(period)
             for _tenant, _user, _device, slot in list(self.registry):
                 self.logins.publish(slot.conn)
+
+
+def _evidence_reporter(
+    config: GatewayConfig, router: ConversationRouter, registry: CollectorRegistry
+) -> EvidenceReporter:
+    """16.1.2 evidence through the router's forwarder onto the user-requests topic."""
+    mailbox = router.mailbox
+    assert mailbox is not None
+    buckets = int(config.settings.virtual_bucket_count)
+    shards = int(config.settings.mailbox_shard_count)
+
+    def produced(exc: BaseException | None) -> None:
+        if exc is not None:
+            log.debug("push evidence not produced: %r", exc)
+
+    def submit(out: Any) -> bool:
+        return router.forwarder.submit(out, produced, topic=mailbox.topic)
+
+    def shard_of(tenant_id: str, user_id: str) -> int:
+        return mailbox_partition(
+            tenant_id, user_id, virtual_bucket_count=buckets, mailbox_shard_count=shards
+        )
+
+    return EvidenceReporter(submit, shard_of, registry, flush_ms=config.push_evidence_flush_ms)
 
 
 def _user_shard(config: GatewayConfig) -> Callable[[PresenceKey], int]:

@@ -105,6 +105,8 @@ class Session(SessionPushes):
         self.capabilities = 0
         self.version = PROTOCOL_VERSION  # Ve after AUTH (§27.1.1)
         self.last_pushed_user_seq = 0  # starts at AUTH_OK.sync_to_seq (§15.1.1)
+        self.last_applied_mailbox_seq = 0  # the largest PING cursor (16.1.2 APPLIED evidence)
+        self.sync_to_seq = 0  # AUTH_OK.sync_to_seq: below it the login pull delivered
         self.mailbox_dirty = False
         self.sync: LoginBarrier | None = None  # set at AUTH_OK when the login was synced
         self.pushes: ConnectionPush | None = None  # set at AUTH_OK (online delivery)
@@ -254,7 +256,7 @@ class Session(SessionPushes):
             self._decoder.lift()
             if sync is not None:
                 self.sync, self.lane_id = LoginBarrier(sync), sync.lane_id
-                self.last_pushed_user_seq = sync.sync_to_seq
+                self.last_pushed_user_seq = self.sync_to_seq = sync.sync_to_seq
             self.pushes = ConnectionPush(self.last_pushed_user_seq, limits=self.config.flow)
             if self.sync is None:  # nothing to sync: realtime pushes flow at once
                 self.pushes.sync_complete()
@@ -422,6 +424,9 @@ class Session(SessionPushes):
         gated = self._token_gate(ping, frame.header.request_id, now_ms)
         if gated is not None:
             return gated
+        self.last_applied_mailbox_seq = max(
+            self.last_applied_mailbox_seq, ping.last_applied_mailbox_seq
+        )
         last_pushed, dirty, dirty_count = self._pong_fields()
         pong = Pong(
             ping_id=ping.ping_id,

@@ -90,7 +90,7 @@ USER_REQUESTS = TopicSpec(
     producer="ConnectionNode",
     consumer=(
         "MailboxNode (reads: auth sync, pull mailbox, session list; user-state changes;"
-        " PRESENCE_STALE)"
+        " PRESENCE_STALE; PUSHED/APPLIED/DELIVERED evidence and CONN_CLOSED, 16.1.2)"
     ),
 )
 TO_GATEWAY = TopicSpec(

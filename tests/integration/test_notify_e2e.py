@@ -30,6 +30,7 @@ from qim.auth.config import AuthConfig, load_keyring
 from qim.auth.tokens import TokenCodec
 from qim.client import QimClient
 from qim.client.heartbeat import HeartbeatConfig
+from qim.client.login import login_and_sync
 from qim.devstack import procs
 from qim.devstack.stack import Stack, WorkerSpec
 from qim.params import Settings
@@ -109,11 +110,21 @@ class Scene:
             self.tenant, user, device, now_ms=now, ttl_ms=3_600_000
         ).token
 
-    async def login(self, user: str, device: str) -> tuple[QimClient, str, int]:
+    async def login(
+        self, user: str, device: str, *, synced: bool = False
+    ) -> tuple[QimClient, str, int]:
+        """AUTH only, or (``synced``) AUTH and the login sync up to ONLINE_READY: only then
+        does the gateway write pushes to the socket -- a device that is online for the
+        second check (16.1.2), not one whose pushes wait behind the login barrier."""
         client = QimClient(heartbeat=HeartbeatConfig(enabled=False), request_timeout=20)
-        self.clients.append(client)
         token = self.token(user, device)
-        ok = await client.connect(self.stack.cfg.gateways[0].url, token, device)
+        url = self.stack.cfg.gateways[0].url
+        if synced:
+            result = await login_and_sync(client, url, token, device)
+            self.clients.append(result.client)
+            return result.client, token, result.auth_ok.session_epoch
+        self.clients.append(client)
+        ok = await client.connect(url, token, device)
         return client, token, ok.session_epoch
 
     async def register(self, token: str, device: str, epoch: int, push_token: str) -> None:
@@ -206,7 +217,7 @@ async def test_offline_phone_is_woken_with_the_badge_and_the_online_desktop_neve
         before = await asyncio.to_thread(scene.digests)
         phone, phone_token, phone_epoch = await scene.login("alice", "phone")
         await scene.register(phone_token, "phone", phone_epoch, PHONE_TOKEN)
-        desktop, desktop_token, desktop_epoch = await scene.login("alice", "desktop")
+        desktop, desktop_token, desktop_epoch = await scene.login("alice", "desktop", synced=True)
         await scene.register(desktop_token, "desktop", desktop_epoch, DESKTOP_TOKEN)
         await _until(lambda: scene.digests() >= before + 2, "digests never reached the node")
         await phone.close()  # the phone goes to the background: offline

@@ -49,7 +49,14 @@ from prometheus_client import CollectorRegistry
 from qim.agents.keyring import BodyKeys, KeyTopicFollower, load_root_key, register_key_metrics
 from qim.agents.mailbox.assignor import ShardAssignor
 from qim.agents.mailbox.metrics import MailboxMetrics
-from qim.agents.mailbox.offline_push import DigestFollower, OfflinePush, user_folds
+from qim.agents.mailbox.offline_push import (
+    DigestFollower,
+    OfflinePush,
+    OnlineChecks,
+    catch_up_tasks,
+    user_folds,
+    with_current_badge,
+)
 from qim.agents.mailbox.options import MailboxOptions
 from qim.agents.mailbox.presence import (
     NodePresence,
@@ -75,6 +82,8 @@ from qim.agents.trace_lines import mailboxed as trace_mailboxed
 from qim.core.mailbox import WrittenGroup
 from qim.core.mailbox.sessions import SessionChange
 from qim.schemas.records.dispatch import GroupDispatch, ShardLogRecord
+from qim.schemas.records.notify import PushTask
+from qim.schemas.records.push import ConnClosed
 from qim.schemas.records.user_state import UserStateCommand
 from qim.schemas.seqs import compose_mailbox_seq
 from qim.streams.producer import RecoveringProducer, durable_producer, replaced_counter
@@ -157,6 +166,13 @@ class MailboxNodeService(Service):
             self.registry,
         )
         self.offline = OfflinePush(PUSH_TASKS.name, self.digests, self.registry)
+        grace = int(options.settings.push_grace_window)
+        self.checks = OnlineChecks(  # 16.1.2 the second check for online devices
+            grace_ms=grace,
+            extended_ms=int(options.settings.push_confirm_extended_window),
+            tick_ms=max(10, min(250, grace // 4)),
+            registry=self.registry,
+        )
         self._reads = ReadMerge(options.settings.read_sync_merge_window)
         self.quota = QuotaReconciler(
             options.bootstrap, options.user_quota_topic, client_id=f"{options.client_id}-quota"
@@ -172,6 +188,7 @@ class MailboxNodeService(Service):
             "totals": dict(sorted(self.metrics.totals.items())),
             "presence": self.presence.status(),
             "device_token_digests": len(self.digests.cache),
+            "second_check_pending": sum(len(c) for c in self.checks.shards.values()),
             "user_quota": self.quota.status(),
         }
 
@@ -271,6 +288,54 @@ class MailboxNodeService(Service):
                 await self._commit()
                 for partition, records in requests:
                     await self._answer(partition, records)
+
+    @Service.task
+    async def _second_check(self) -> None:
+        """16.1.2: tick the owned shards' second checks; what came due is pushed like an
+        offline device's task (PD-1). The node's clock drives it, never core."""
+        while not self.should_stop:
+            await self.sleep(self.checks.tick_ms / 1000)
+            async with self._lock:
+                for p, tasks in self.checks.due(int(time.time() * 1000)).items():
+                    await self._send_checked(p, tasks)
+
+    def _catch_up(
+        self, p: int, closes: Sequence[ConnClosed], released: Sequence[PushTask]
+    ) -> list[PushTask]:
+        """16.1.2 catch-all: each closed device's (APPLIED, last_pushed_user_seq] entries
+        that no held task covered (e.g. delivered to its kernel, then the app died)."""
+        shard = self.owned.get(p)
+        if shard is None or not closes or not len(self.digests.cache):
+            return []
+        out: list[PushTask] = []
+        for closed in closes:
+            skip = frozenset(t.event_id for t in released if t.device_id == closed.device_id)
+            try:
+                out += catch_up_tasks(
+                    closed,
+                    reader=shard.reader,
+                    store=shard.store,
+                    digests=self.digests.cache,
+                    at_all_notify_muted=self.options.at_all_notify_muted(closed.tenant_id),
+                    skip=skip,
+                )
+            except Exception:
+                log.exception("shard %d: CONN_CLOSED catch-up of %s failed", p, closed.user_id)
+        self.checks.outcomes.labels("conn_closed_range").inc(len(out))
+        return out
+
+    async def _send_checked(self, p: int, tasks: Sequence[PushTask]) -> None:
+        """Second-check tasks of shard ``p`` out, badges as committed now; never raises."""
+        shard = self.owned.get(p)
+        if shard is None or self._producer is None or not tasks:
+            return
+        try:
+            fresh = with_current_badge(shard.store, tasks)
+            await self.offline.send(
+                self._producer, fresh, mailbox_shard=p, background=self._push_tasks
+            )
+        except Exception:
+            log.exception("shard %d: second-check push failed (the mailbox is unaffected)", p)
 
     @Service.task
     async def _read_flusher(self) -> None:
@@ -641,12 +706,12 @@ class MailboxNodeService(Service):
                 wakeable=lambda t, u: bool(self.digests.cache.devices(t, u)),
                 at_all_notify_muted=self.options.at_all_notify_muted,
             )
-            tasks = self.offline.plan(
-                folds, self.presence.cache(shard.shard), int(time.time() * 1000)
-            )
+            now_ms = int(time.time() * 1000)
+            tasks, held = self.offline.plan(folds, self.presence.cache(shard.shard), now_ms)
             await self.offline.send(
                 self._producer, tasks, mailbox_shard=shard.shard, background=self._push_tasks
             )
+            self.checks.hold(shard.shard, held, now_ms)  # online devices: 16.1.2
         except Exception:
             log.exception("shard %d: offline push failed (the mailbox is unaffected)", shard.shard)
 
@@ -733,6 +798,10 @@ class MailboxNodeService(Service):
         now_ms = int(time.time() * 1000)
         for stale in stale_reports(records):
             self.metrics.on_presence_stale(self.presence.invalidate(stale, now_ms))
+        released, closes = self.checks.apply(
+            partition, records, self.presence.cache(partition), now_ms
+        )
+        await self._send_checked(partition, released + self._catch_up(partition, closes, released))
         commands = user_state_commands(records, partition, now_ms)
         await self._append(self._reads.add(commands, now_ms))
         replies = replies_for(
@@ -752,6 +821,7 @@ class MailboxNodeService(Service):
             self.owned.clear()
             self._request_offsets.clear()
             self.presence.clear()
+            self.checks.clear()
 
     async def _assigned(self, assigned: set[TopicPartition]) -> None:
         """Open the stores and seek (:func:`~qim.agents.mailbox.takeover.take_over`)."""
@@ -769,6 +839,7 @@ class MailboxNodeService(Service):
             )
             await self._ucs_takeover(assigned)
             self.quota.request(self.owned)  # I-26: heal a crossing lost by the previous owner
+            self.checks.assign(self.owned, int(time.time() * 1000))
             presence = sorted(tp for tp in assigned if tp.topic == self.options.presence_topic)
             try:
                 self.presence.assign(await rewind(consumer, presence))

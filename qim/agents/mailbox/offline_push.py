@@ -16,6 +16,14 @@ of the shard assignment (a deliberate simplification of "partitioned by the same
 user_bucket"; a node at scale would follow only its owned partitions like presence).
 ``device_token_digest_lag`` (24.1.6) is the age of the oldest record not yet applied, 0 when
 caught up.
+
+The second check (16.1.2, :class:`OnlineChecks`): the alert tasks the planner makes for
+*online* wakeable devices are held per owned shard in a
+:class:`~qim.core.notify.second_check.SecondCheck`, fed by the gateway's PushEvidence and
+CONN_CLOSED records on ``qim.user-requests`` and ticked by the node
+(``second_check_tick_ms``); what comes due goes out like an offline device's task, with the
+badge numbers re-read from the committed UserBadgeState at that moment (16.3: the push's badge
+is the one BADGE_UPDATE carries now, not the one of the fold that held it).
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Final
 
 import msgspec
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
@@ -34,13 +43,24 @@ from qim.core.mailbox import MailboxReader, WrittenGroup
 from qim.core.mailbox.ports import KVReader
 from qim.core.mailbox.session_store import is_e2ee_message, load_header, load_state
 from qim.core.mailbox.sessions import SessionChange
-from qim.core.notify.tasks import Badge, DigestCache, UserFold, plan_push_tasks, push_policy
+from qim.core.notify.second_check import SecondCheck
+from qim.core.notify.tasks import Badge, DigestCache, UserFold, plan_device_tasks, push_policy
 from qim.core.push import ShardPresenceCache
 from qim.schemas.frames.mailbox import SyncEntry
 from qim.schemas.records.notify import DeviceKey, PushTask, decode_digest, encode
+from qim.schemas.records.push import ConnClosed, PushEvidence
+from qim.schemas.records.user_requests import decode_user_request
 from qim.schemas.seqs import split_mailbox_seq
 
-__all__ = ["DigestFollower", "OfflinePush", "user_folds"]
+__all__ = [
+    "CATCH_UP_MAX",
+    "DigestFollower",
+    "OfflinePush",
+    "OnlineChecks",
+    "catch_up_tasks",
+    "user_folds",
+    "with_current_badge",
+]
 
 log = logging.getLogger(__name__)
 
@@ -151,42 +171,98 @@ def user_folds(
         for c in sessions
         if c.badge_changed and wakeable(c.tenant_id, c.user_id)
     }
-    folds = []
-    for tenant, user in sorted(set(entries) | changed):
-        b = load_header(store, tenant, user).badge
-        mine = entries.get((tenant, user), [])
-        policies = []
-        for conversation_id in sorted({e.conversation_id for e in mine}):
-            state = load_state(store, tenant, user, conversation_id)
-            policy = push_policy(
-                state.muted,
-                state.notification_policy,
-                at_all_notify_muted=at_all_notify_muted(tenant),
-            )
-            if policy != "ALL":
-                policies.append((conversation_id, policy))
-        folds.append(
-            UserFold(
-                tenant_id=tenant,
-                user_id=user,
-                entries=tuple(mine),
-                badge=Badge(
-                    b.total_unread, b.total_mention, b.muted_unread, b.badge_projection_mailbox_seq
-                ),
-                badge_changed=(tenant, user) in changed,
-                policies=tuple(policies),
-                e2ee=tuple(
-                    sorted(
-                        {
-                            e.conversation_id
-                            for e in mine
-                            if is_e2ee_message(store, tenant, e.conversation_id, e.conversation_seq)
-                        }
-                    )
-                ),
-            )
+    return [
+        _fold_of(
+            store,
+            tenant,
+            user,
+            entries.get((tenant, user), []),
+            badge_changed=(tenant, user) in changed,
+            at_all_notify_muted=at_all_notify_muted(tenant),
         )
-    return folds
+        for tenant, user in sorted(set(entries) | changed)
+    ]
+
+
+def _fold_of(
+    store: KVReader,
+    tenant: str,
+    user: str,
+    mine: Sequence[SyncEntry],
+    *,
+    badge_changed: bool,
+    at_all_notify_muted: bool,
+) -> UserFold:
+    """One user's :class:`UserFold` of these entries, read from the committed store."""
+    b = load_header(store, tenant, user).badge
+    policies = []
+    for conversation_id in sorted({e.conversation_id for e in mine}):
+        state = load_state(store, tenant, user, conversation_id)
+        policy = push_policy(
+            state.muted, state.notification_policy, at_all_notify_muted=at_all_notify_muted
+        )
+        if policy != "ALL":
+            policies.append((conversation_id, policy))
+    return UserFold(
+        tenant_id=tenant,
+        user_id=user,
+        entries=tuple(mine),
+        badge=Badge(
+            b.total_unread, b.total_mention, b.muted_unread, b.badge_projection_mailbox_seq
+        ),
+        badge_changed=badge_changed,
+        policies=tuple(policies),
+        e2ee=tuple(
+            sorted(
+                {
+                    e.conversation_id
+                    for e in mine
+                    if is_e2ee_message(store, tenant, e.conversation_id, e.conversation_seq)
+                }
+            )
+        ),
+    )
+
+
+CATCH_UP_MAX: Final = 50
+"""The newest entries of a CONN_CLOSED range that get a PushTask (``nse_pull_max_items``: the
+notification extension pulls at most that many anyway; the NotificationService merges)."""
+
+
+def catch_up_tasks(
+    closed: ConnClosed,
+    *,
+    reader: MailboxReader,
+    store: KVReader,
+    digests: DigestCache,
+    at_all_notify_muted: bool,
+    skip: frozenset[str] = frozenset(),
+) -> list[PushTask]:
+    """16.1.2's catch-all: the alert tasks of the closed device for its entries in (latest
+    APPLIED, ``last_pushed_user_seq``], read from the committed store, as for an offline
+    device (mute and E2EE rules included). The floor is also the login's ``sync_to_seq``:
+    what the login pull delivered was not pushed. ``skip``: event ids already released."""
+    after = max(closed.applied_seq, closed.sync_to_seq)
+    if closed.last_pushed_user_seq <= after:
+        return []
+    tenant, user = closed.tenant_id, closed.user_id
+    rows: list[SyncEntry] = []
+    for _, found in reader.read_user_range(tenant, user, after, closed.last_pushed_user_seq):
+        rows.extend(found)
+    fold = _fold_of(
+        store,
+        tenant,
+        user,
+        rows[-CATCH_UP_MAX:],
+        badge_changed=False,
+        at_all_notify_muted=at_all_notify_muted,
+    )
+    tasks, _ = plan_device_tasks([fold], digests=digests, online={})
+    return [
+        t
+        for t in tasks
+        if t.device_id == closed.device_id and t.kind == "alert" and t.event_id not in skip
+    ]
 
 
 class OfflinePush:
@@ -212,19 +288,20 @@ class OfflinePush:
         folds: Sequence[UserFold],
         presence: ShardPresenceCache | None,
         now_ms: int,
-    ) -> list[PushTask]:
+    ) -> tuple[list[PushTask], list[PushTask]]:
+        """``(send now, hold for the second check)`` (:func:`plan_device_tasks`)."""
         if not folds:
-            return []
+            return [], []
         if presence is None:  # the cache is rebuilding: no decision from half a cache
             self.skipped.labels("presence_rebuilding").inc()
-            return []
+            return [], []
         online = {
             (f.tenant_id, f.user_id): [
                 d.device_id for d in presence.devices(f.tenant_id, f.user_id, now_ms)
             ]
             for f in folds
         }
-        return plan_push_tasks(folds, digests=self.follower.cache, online=online)
+        return plan_device_tasks(folds, digests=self.follower.cache, online=online)
 
     async def send(
         self,
@@ -258,3 +335,144 @@ class OfflinePush:
             t = asyncio.ensure_future(wait())
             background.add(t)
             t.add_done_callback(background.discard)
+
+
+class OnlineChecks:
+    """The owned shards' :class:`SecondCheck` s and the records that feed them (module doc)."""
+
+    def __init__(self, *, grace_ms: int, extended_ms: int, tick_ms: int,
+                 registry: CollectorRegistry) -> None:  # fmt: skip
+        self.grace_ms, self.extended_ms, self.tick_ms = grace_ms, extended_ms, tick_ms
+        self.shards: dict[int, SecondCheck] = {}
+        self._dormant: dict[int, SecondCheck] = {}  # revoked, kept for a re-assignment
+        self.outcomes = Counter(
+            "push_second_check",
+            "The MailboxNode's second check for online devices (16.1.2), by outcome: held "
+            "(an alert task awaiting evidence), expired (pushed: the window passed without "
+            "APPLIED), delivered (dropped at the extended window: the peer's TCP acknowledged "
+            "the frame, the connection is alive), conn_closed (pushed at CONN_CLOSED), "
+            "conn_closed_range (pushed at CONN_CLOSED from the store: entries in (APPLIED, "
+            "last_pushed_user_seq] no held task covered), "
+            "superseded (held tasks of a device whose closed session has a newer live one: "
+            "not pushed at the close, they keep their windows).",
+            ["outcome"],
+            registry=registry,
+        )
+        self.held_gauge = Gauge(
+            "push_second_check_pending",
+            "Alert tasks the MailboxNode holds for online devices awaiting evidence (16.1.2).",
+            registry=registry,
+        )
+        self.held_gauge.set_function(lambda: sum(len(c) for c in self.shards.values()))
+
+    def assign(self, shards: Iterable[int], now_ms: int) -> None:
+        """A new assignment: the kept shards keep their checks, new ones start empty."""
+        wanted = set(shards)
+        kept = {**self._dormant, **self.shards}
+        self._dormant = {}
+        self.shards = {
+            p: kept.get(p)
+            or SecondCheck(
+                grace_ms=self.grace_ms,
+                extended_ms=self.extended_ms,
+                tick_ms=self.tick_ms,
+                now_ms=now_ms,
+            )
+            for p in sorted(wanted)
+        }
+
+    def clear(self) -> None:
+        """Revoked: no evidence is read and nothing comes due until the next assignment,
+        which keeps the checks of the shards it gives back (an eager rebalance revokes all)."""
+        self._dormant.update(self.shards)
+        self.shards = {}
+
+    def hold(self, shard: int, tasks: Sequence[PushTask], now_ms: int) -> None:
+        check = self.shards.get(shard)
+        if check is None or not tasks:
+            return
+        check.hold(tasks, now_ms)
+        self.outcomes.labels("held").inc(len(tasks))
+
+    def apply(
+        self,
+        shard: int,
+        records: Iterable[Any],
+        presence: ShardPresenceCache | None,
+        now_ms: int,
+    ) -> tuple[list[PushTask], list[ConnClosed]]:
+        """The PushEvidence / CONN_CLOSED records of a user-requests run; returns the tasks
+        the closes released and the closes themselves (the caller reads their ranges, 16.1.2
+        catch-all); other kinds are skipped."""
+        check = self.shards.get(shard)
+        if check is None:
+            return [], []
+        out: list[PushTask] = []
+        closes: list[ConnClosed] = []
+        for record in records:
+            try:
+                request = decode_user_request(record.value)
+            except (msgspec.DecodeError, msgspec.ValidationError, TypeError):
+                continue
+            if isinstance(request, PushEvidence):
+                for d in request.devices:
+                    ref = (request.tenant_id, d.user_id, d.device_id)
+                    check.evidence(
+                        ref,
+                        pushed_seq=d.pushed_seq,
+                        applied_seq=d.applied_seq,
+                        delivered_seq=d.delivered_seq,
+                    )
+            elif isinstance(request, ConnClosed):
+                ref = (request.tenant_id, request.user_id, request.device_id)
+                if _newer_session_live(presence, request, now_ms):
+                    if check.pending(ref):
+                        self.outcomes.labels("superseded").inc(len(check.pending(ref)))
+                    check.evidence(ref, pushed_seq=0, applied_seq=request.applied_seq)
+                    continue  # the newer session's login sync delivers; its own timers run
+                released = check.closed(ref, applied_seq=request.applied_seq)
+                self.outcomes.labels("conn_closed").inc(len(released))
+                out.extend(released)
+                closes.append(request)
+        return out, closes
+
+    def due(self, now_ms: int) -> dict[int, list[PushTask]]:
+        """Per shard, the tasks whose window passed without APPLIED evidence."""
+        out = {}
+        for p, check in sorted(self.shards.items()):
+            alive = check.confirmed_alive
+            tasks = check.advance(now_ms)
+            if check.confirmed_alive > alive:
+                self.outcomes.labels("delivered").inc(check.confirmed_alive - alive)
+            if tasks:
+                self.outcomes.labels("expired").inc(len(tasks))
+                out[p] = tasks
+        return out
+
+
+def _newer_session_live(
+    presence: ShardPresenceCache | None, closed: ConnClosed, now_ms: int
+) -> bool:
+    if presence is None:
+        return False
+    return any(
+        d.device_id == closed.device_id and d.session_epoch > closed.session_epoch
+        for d in presence.devices(closed.tenant_id, closed.user_id, now_ms)
+    )
+
+
+def with_current_badge(store: KVReader, tasks: Sequence[PushTask]) -> list[PushTask]:
+    """The tasks with the badge numbers of the user's UserBadgeState as committed now."""
+    out = []
+    for task in tasks:
+        b = load_header(store, task.tenant_id, task.user_id).badge
+        out.append(
+            msgspec.structs.replace(
+                task,
+                total_unread=b.total_unread,
+                total_mention=b.total_mention,
+                muted_unread=b.muted_unread,
+                badge_projection_mailbox_seq=b.badge_projection_mailbox_seq,
+            )
+        )
+    return out

@@ -22,7 +22,7 @@ from aiokafka.structs import OffsetAndMetadata
 from qim.agents.mailbox.metrics import MailboxMetrics
 from qim.agents.mailbox.reads import ReadContext, ReadStats, answer
 from qim.agents.mailbox.shard import OwnedShard, encode_floor
-from qim.schemas.records.push import PresenceStale
+from qim.schemas.records.push import ConnClosed, PresenceStale, PushEvidence
 from qim.schemas.records.user_requests import (
     MailboxReply,
     PullSessionListRequest,
@@ -92,6 +92,10 @@ def replies_for(
             continue
         if isinstance(request, PresenceStale):
             metrics.on_record("user-requests", "presence_stale")
+            continue
+        if isinstance(request, PushEvidence | ConnClosed):  # the second check's (16.1.2)
+            kind = "push_evidence" if isinstance(request, PushEvidence) else "conn_closed"
+            metrics.on_record("user-requests", kind)
             continue
         if isinstance(request, UserStateRequest):  # appended to the log by the node, no reply
             continue

@@ -33,8 +33,10 @@ fold's ``e2ee`` conversations, from the shard's message facts, never from the bo
 ``e2ee`` and carries :data:`E2EE_PUSH_PLACEHOLDER` as its text: no body, thumbnail or file
 name; the badge numbers are the same as for any alert.
 
-The second check for online devices (PUSHED / APPLIED evidence within ``push_grace_window``,
-CONN_CLOSED catch-up) is not planned here yet: an online device is trusted to its socket.
+The second check for online devices (16.1.2): :func:`plan_device_tasks` also returns the alert
+tasks an online wakeable device would get, which the MailboxNode holds in
+:class:`~qim.core.notify.second_check.SecondCheck` until PUSHED / APPLIED evidence, the
+``push_grace_window`` / ``push_confirm_extended_window`` or the device's CONN_CLOSED decides.
 """
 
 from __future__ import annotations
@@ -54,6 +56,7 @@ __all__ = [
     "DigestCache",
     "UserFold",
     "notifies",
+    "plan_device_tasks",
     "plan_push_tasks",
     "push_policy",
 ]
@@ -180,23 +183,41 @@ def plan_push_tasks(
 
     ``online`` maps (tenant, user) to the device ids with an unexpired PresenceEntry.
     """
+    return plan_device_tasks(
+        folds, digests=digests, online=online, conversation_types=conversation_types
+    )[0]
+
+
+def plan_device_tasks(
+    folds: Iterable[UserFold],
+    *,
+    digests: DigestCache,
+    online: Mapping[tuple[str, str], Sequence[str]],
+    conversation_types: Mapping[str, str] | None = None,
+) -> tuple[list[PushTask], list[PushTask]]:
+    """``(for offline devices, for the second check)``: the first go out now; the second are
+    the alert tasks the online wakeable devices would get if they were offline, held by
+    :class:`~qim.core.notify.second_check.SecondCheck` until evidence or the window (16.1.2).
+    An online device gets no held badge task: BADGE_UPDATE reaches its socket, and a zombie's
+    badge rides the alert that catches it up (the shell refreshes the numbers at emission)."""
     tasks: list[PushTask] = []
+    held: list[PushTask] = []
     kinds = conversation_types or {}
     for fold in folds:
         wakeable = digests.devices(fold.tenant_id, fold.user_id)
-        on = set(online.get((fold.tenant_id, fold.user_id), ()))
-        targets = [d for d in wakeable if d not in on]
-        if not targets:
+        if not wakeable:
             continue
+        on = set(online.get((fold.tenant_id, fold.user_id), ()))
         policies = dict(fold.policies)
         encrypted = frozenset(fold.e2ee)
         alerts = sorted(
             (e for e in fold.entries if _alerting(e, policies)), key=lambda e: e.mailbox_seq
         )
         b = fold.badge
-        for device in targets:
+        for device in wakeable:
+            out = held if device in on else tasks
             for entry in alerts:
-                tasks.append(
+                out.append(
                     PushTask(
                         tenant_id=fold.tenant_id,
                         user_id=fold.user_id,
@@ -220,7 +241,7 @@ def plan_push_tasks(
                         committed_at=entry.created_at,
                     )
                 )
-            if not alerts and fold.badge_changed:
+            if device not in on and not alerts and fold.badge_changed:
                 tasks.append(
                     PushTask(
                         tenant_id=fold.tenant_id,
@@ -235,7 +256,7 @@ def plan_push_tasks(
                         badge_projection_mailbox_seq=b.badge_projection_mailbox_seq,
                     )
                 )
-    return tasks
+    return tasks, held
 
 
 def task_key(task: PushTask) -> DeviceKey:

@@ -98,6 +98,8 @@ class ConnectionHooks(Protocol):
 
     def closing(self, conn: Connection, reason: CloseReason) -> None: ...
 
+    def pushed(self, conn: Connection, mailbox_seq: int) -> None: ...
+
     def finished(self, conn: Connection) -> None: ...
 
 
@@ -141,6 +143,8 @@ class Connection:
         self._writer: asyncio.Task[None] | None = None
         self._flow_seen: FlowState | None = None
         self._consumed_ms = clock_ms()  # last time the socket took bytes (or had none)
+        self.pushed_seq = 0  # 16.1.2 PUSHED: the largest mailbox_seq whose frame left the buffer
+        self.delivered_seq = 0  # ... and whose bytes the peer's kernel acknowledged
 
     @property
     def closing(self) -> bool:
@@ -252,7 +256,8 @@ class Connection:
             chunk_bytes=self._chunk,
             max_frame_bytes=self.session.config.limits.max_frame_bytes,
         )
-        tag = PushTag(push.ledger_bytes, sum(len(p) for p in pieces), push.priority)
+        wire = sum(len(p) for p in pieces)
+        tag = PushTag(push.ledger_bytes, wire, push.priority, push.mailbox_seq)
         if not self._pushes_pending():  # the no-consumption clock starts with a backlog
             self._consumed_ms = self._clock_ms()
         self.outbound.push(pieces, Stream.REALTIME, tag)
@@ -308,11 +313,21 @@ class Connection:
         if self.inflight.left > before or not self._pushes_pending():
             self._consumed_ms = now
         if gone:
+            self.pushed_seq = max(self.pushed_seq, *(t.mailbox_seq for t in gone))
+            self._hooks.pushed(self, self.pushed_seq)  # 16.1.2 PUSHED
             ledger = sum(t.ledger_bytes for t in gone)
             self.apply(self.session.push_drained(ledger, len(gone), now))
         elif now - self._consumed_ms >= self.session.config.idle_timeout_ms:
             self.apply(self.session.push_idle(now))  # 11.3.1: no consumption -> CLOSING
         self._report_load()
+
+    def peer_acked(self) -> bool:
+        """Whether every byte handed to the kernel so far was acknowledged by the peer's TCP
+        (16.1.2: data of a live connection reaches the peer kernel; a silently dead or
+        stalled peer's does not). A transport that cannot tell (a test double) says yes."""
+        probe = getattr(self.transport, "unacked_bytes", None)
+        unacked = probe() if probe is not None else 0
+        return unacked == 0
 
     def _pushes_pending(self) -> bool:
         return bool(self.inflight) or self.outbound.queued_pushes > 0

@@ -55,6 +55,7 @@ class PushTag:
     ledger_bytes: int  # what ConnectionPush charged for it (PendingPush.ledger_bytes)
     wire_bytes: int  # headers + body, all pieces
     priority: FramePriority
+    mailbox_seq: int = 0  # the frame's recipient seq: PUSHED evidence once it left (16.1.2)
 
 
 _Item: TypeAlias = tuple[bytes, PushTag | None, bool, str]  # piece, tag, last, notice name

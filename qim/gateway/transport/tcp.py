@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import logging
 import socket
+import struct
+import termios
 from typing import TYPE_CHECKING, Any
 
 from qim.gateway.transport.connection import Connection
@@ -36,6 +39,22 @@ def limit_send_buffer(sock: Any, size: int | None) -> None:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
 
 
+def kernel_unacked(sock: Any) -> int | None:
+    """Bytes the kernel still holds for the peer, sent or not, that the peer's TCP has not
+    acknowledged (Linux ``SIOCOUTQ``); None where it cannot be read. 0 after data went out
+    means the peer's kernel has it: 16.1.2's "the connection is alive" evidence."""
+    if sock is None:
+        return None
+    try:
+        fd = sock.fileno()
+        if fd < 0:
+            return None
+        buf = fcntl.ioctl(fd, termios.TIOCOUTQ, b"\0\0\0\0")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return int(struct.unpack("i", buf)[0])
+
+
 class TcpTransport:
     """Pieces go out in one write each batch (frames are atomic on the stream)."""
 
@@ -49,6 +68,9 @@ class TcpTransport:
     def buffered_bytes(self) -> int:
         """The (TLS) transport's write buffer: what ``drain`` has not pushed to the socket."""
         return int(self.writer.transport.get_write_buffer_size())
+
+    def unacked_bytes(self) -> int | None:
+        return kernel_unacked(self.writer.get_extra_info("socket"))
 
     async def close(self) -> None:
         self.writer.close()

@@ -19,7 +19,7 @@ from websockets.http11 import Request, Response
 
 from qim.gateway.actions import CloseReason, ws_close_code
 from qim.gateway.transport.connection import Connection
-from qim.gateway.transport.tcp import limit_send_buffer
+from qim.gateway.transport.tcp import kernel_unacked, limit_send_buffer
 from qim.gateway.transport.tls import ALPN_HTTP, server_context
 from qim.schemas.frames.header import HEADER_SIZE
 
@@ -48,6 +48,10 @@ class WsTransport:
         library's high-water mark, so this is what has not reached the socket yet."""
         transport = self.ws.transport
         return 0 if transport is None else int(transport.get_write_buffer_size())
+
+    def unacked_bytes(self) -> int | None:
+        transport = self.ws.transport
+        return None if transport is None else kernel_unacked(transport.get_extra_info("socket"))
 
     async def close(self) -> None:
         """Close with the RFC 6455 code of the session's close reason (``ws_close_code``)."""

@@ -29,6 +29,10 @@ Fields beyond the spec's 11.1 listing, and why:
 No lane watermark rides along: PONG carries none (6.10.1, 15.1.1) and the only gap test is
 ``last_pushed_user_seq``, which is the recipient's own ``mailbox_seq``.
 
+**PushEvidence** and **ConnClosed** (ConnectionNode -> MailboxNode, 16.1.2) ride
+``qim.user-requests`` the same way and for the same reasons as PresenceStale below: they are
+hints for the MailboxNode's second check, lost ones cost at most an extra push.
+
 **PresenceStale** (ConnectionNode -> MailboxNode, 5.4.3 (1), 11.1.1) on ``qim.user-requests``
 (explicit partition = the user's mailbox shard, delete policy, short retention), tagged
 ``kind="presence_stale"``. Not the presence topic: it is compacted by ``(tenant, user,
@@ -57,10 +61,13 @@ from qim.schemas.records.requests import WriterReply, user_key
 __all__ = [
     "STALE_EPOCH_MISMATCH",
     "STALE_UNKNOWN_CONNECTION",
+    "ConnClosed",
+    "DeviceEvidence",
     "FramePriority",
     "PresenceStale",
     "PushBatch",
     "PushBody",
+    "PushEvidence",
     "PushRecipient",
     "ToGatewayRecord",
     "decode_presence_stale",
@@ -185,6 +192,73 @@ class PresenceStale(_Record, tag="presence_stale", kw_only=True, frozen=True):
         return self.mailbox_shard
 
 
+class DeviceEvidence(msgspec.Struct, kw_only=True, omit_defaults=True, frozen=True):
+    """One device's 16.1.2 evidence since the gateway's last report (maxima, never a list).
+
+    ``pushed_seq``: the largest ``mailbox_seq`` whose PUSH_EVENTS frame left this connection's
+    send buffer into the socket (PUSHED, "in the send buffer, not proof of arrival").
+    ``applied_seq``: the largest ``PING.last_applied_mailbox_seq`` / ``PULL_MAILBOX.acked_seq``
+    the device sent (APPLIED; cursors are per device, never borrowed from another one).
+    ``delivered_seq``: the largest ``mailbox_seq`` PUSHED whose bytes the peer's TCP has since
+    acknowledged (the kernel's send queue drained): 16.1.2's "the connection is still alive,
+    the peer kernel acked the data", which lets the extended window end without a push.
+    0 = nothing new of that kind."""
+
+    user_id: str
+    device_id: str
+    session_epoch: U64
+    pushed_seq: U64 = 0
+    applied_seq: U64 = 0
+    delivered_seq: U64 = 0
+
+
+class PushEvidence(_Record, tag="push_evidence", kw_only=True, frozen=True):
+    """PUSHED / APPLIED evidence (16.1.2) of one tenant's devices of one MailboxShard,
+    coalesced by the ConnectionNode per flush (``push_evidence_flush_ms``): ConnectionNode ->
+    MailboxNode on ``qim.user-requests`` at the explicit partition ``mailbox_shard``, like
+    PRESENCE_STALE (the module doc says why not the presence topic nor the dispatch log)."""
+
+    tenant_id: str
+    mailbox_shard: U32
+    devices: tuple[DeviceEvidence, ...]
+
+    @property
+    def key(self) -> bytes:
+        return user_key(self.tenant_id, self.devices[0].user_id if self.devices else "-")
+
+    @property
+    def partition(self) -> int:
+        return self.mailbox_shard
+
+
+class ConnClosed(_Record, tag="conn_closed", kw_only=True, frozen=True):
+    """CONN_CLOSED{device_id, session_epoch, last_pushed_user_seq} (16.1.2, INV-50): sent on
+    every close path of an authenticated connection, clean or not. ``applied_seq`` is the
+    device's last APPLIED evidence on this connection (the evidence still buffered for it rides
+    here, so nothing is reordered behind the close); ``sync_to_seq`` is the login's
+    AUTH_OK.sync_to_seq (entries up to it reached the device by its login pull, not by push);
+    ``connection_id`` is informational."""
+
+    tenant_id: str
+    user_id: str
+    device_id: str
+    session_epoch: U64
+    last_pushed_user_seq: U64
+    applied_seq: U64 = 0
+    sync_to_seq: U64 = 0
+    connection_id: str = ""
+    reason: str = ""
+    mailbox_shard: U32
+
+    @property
+    def key(self) -> bytes:
+        return user_key(self.tenant_id, self.user_id)
+
+    @property
+    def partition(self) -> int:
+        return self.mailbox_shard
+
+
 ToGatewayRecord: TypeAlias = WriterReply | PushBatch
 """Every kind on ``qim.to-gateway`` (requests.GatewayRecord plus the MailboxNode's PushBatch)."""
 
@@ -202,7 +276,7 @@ def push_batch_key(tenant_id: str, conversation_id: str) -> bytes:
     return hash_input(tenant_id, conversation_id)
 
 
-def encode_push_record(record: PushBatch | PresenceStale) -> bytes:
+def encode_push_record(record: PushBatch | PresenceStale | PushEvidence | ConnClosed) -> bytes:
     return _ENCODER.encode(record)
 
 

@@ -7,7 +7,8 @@ Topics (direction.md section 3):
   the request reaches the worker that owns the shard's dispatch partition: the same group
   assignment decides both (direction.md 4.1). Reads (auth sync, pull mailbox, pull session
   list), the gateway's :class:`~qim.schemas.records.push.PresenceStale`
-  (``kind="presence_stale"``) and :class:`UserStateRequest` (MARK_READ ...), which the owner
+  (``kind="presence_stale"``), its 16.1.2 evidence (``push_evidence``, ``conn_closed``) and
+  :class:`UserStateRequest` (MARK_READ ...), which the owner
   does not apply: it appends it to the shard's dispatch partition as a ``UserStateCommand``.
 * ``qim.to-gateway``: :class:`MailboxReply` at **explicit partition** = ``connection_shard``,
   key ``(tenant, user_id)``, next to the ConversationWriter's ``WriterReply`` (``kind="reply"``)
@@ -43,7 +44,7 @@ from qim.schemas.frames.base import I32, U8, U32, U64
 from qim.schemas.frames.connection import AuthOk, Error, MailboxCursor
 from qim.schemas.frames.history import PullSessionList, SessionListBatch
 from qim.schemas.frames.mailbox import MailboxBatch, PullMailbox
-from qim.schemas.records.push import PresenceStale, PushBatch
+from qim.schemas.records.push import ConnClosed, PresenceStale, PushBatch, PushEvidence
 from qim.schemas.records.requests import WriterReply, user_key
 from qim.schemas.routing import mailbox_shard_id, user_bucket
 
@@ -137,7 +138,13 @@ class UserStateRequest(_FromSession, tag="user_state", kw_only=True, frozen=True
 
 
 UserRequest: TypeAlias = (
-    SyncAuthRequest | PullMailboxRequest | PullSessionListRequest | UserStateRequest | PresenceStale
+    SyncAuthRequest
+    | PullMailboxRequest
+    | PullSessionListRequest
+    | UserStateRequest
+    | PresenceStale
+    | PushEvidence
+    | ConnClosed
 )
 """Every kind of ``qim.user-requests``. Add a kind here; deploy consumers first."""
 

@@ -85,6 +85,7 @@ class HeldTransport:
 class Hooks:
     counts: list[tuple[str, str]] = field(default_factory=list)
     closed: list[CloseReason] = field(default_factory=list)
+    pushed_seqs: list[int] = field(default_factory=list)
     done: asyncio.Event = field(default_factory=asyncio.Event)
 
     def authenticate(self, conn: Connection, action: Authenticate) -> None:
@@ -101,6 +102,9 @@ class Hooks:
 
     def closing(self, conn: Connection, reason: CloseReason) -> None:
         self.closed.append(reason)
+
+    def pushed(self, conn: Connection, mailbox_seq: int) -> None:
+        self.pushed_seqs.append(mailbox_seq)
 
     def finished(self, conn: Connection) -> None:
         self.done.set()

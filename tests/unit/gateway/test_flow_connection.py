@@ -52,11 +52,13 @@ async def test_a_push_counts_until_its_bytes_left_the_transport() -> None:
         await settle()
         charged = sum(push(s).ledger_bytes for s in range(1, 6))
         assert level(live) == (charged, 5)  # written to the transport is not sent
+        assert live.hooks.pushed_seqs == []  # and is no PUSHED evidence either (16.1.2)
         live.transport.consume(live.transport.buffered_bytes() // 2)
         await wait_until(lambda: 0 < level(live)[1] < 5)
         live.transport.consume()
         await wait_until(lambda: level(live) == (0, 0))
         assert pushed_seqs(live) == [1, 2, 3, 4, 5]
+        assert live.hooks.pushed_seqs[-1] == 5 and live.hooks.pushed_seqs[0] < 5
         assert state(live) is FlowState.NORMAL
 
 
