@@ -140,6 +140,7 @@ def message_dispatch(record: MessageCommitted, shard: int) -> GroupDispatch:
             else b""
         ),
         e2ee=record.e2ee,
+        write_policy=record.write_policy,
     )
 
 

@@ -221,7 +221,10 @@ class NamedInProse:
         "every member's mailbox entry; 'mention_only' lets a group that passes the admission "
         "test switch, with hysteresis.",
         choices=("always", "mention_only"),
-        note="§27.4 tenant switch, not a B row. Off by default; enabling it changes the §2.2 promise and needs ADR-0003 (I-32).",
+        note=(
+            "§27.4 tenant switch, not a B row. Off by default; enabling it changes the §2.2 "
+            "promise and needs ADR-0003 (I-32)."
+        ),
     )
     at_all_notify_muted = Param(
         "at_all_notify_muted",
