@@ -24,7 +24,13 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 
 from qim.core.mailbox.ports import KVReader
-from qim.core.mailbox.session_store import load_header, load_projection, shown_preview
+from qim.core.mailbox.read_diffusion import heads_of
+from qim.core.mailbox.session_store import (
+    load_header,
+    load_projection,
+    load_states,
+    shown_preview,
+)
 from qim.core.session_list import (
     SessionListConfig,
     SessionSnapshot,
@@ -32,6 +38,7 @@ from qim.core.session_list import (
     load_snapshot,
     page,
 )
+from qim.core.session_list.read_diffusion import mark_entries, overlay
 from qim.schemas.frames import Error
 from qim.schemas.frames.history import SessionListBatch
 from qim.schemas.records.dispatch import encode_dispatch_record
@@ -47,6 +54,7 @@ __all__ = [
     "SessionSnapshots",
     "badge_of_user",
     "command_of",
+    "projection_complete",
     "send_commands",
     "session_list_page",
     "user_state_commands",
@@ -93,6 +101,8 @@ class SessionSnapshots:
             held.used_ms = now_ms
             return held.snapshot
         projection = load_projection(store, tenant_id, user_id)
+        heads = heads_of(store, tenant_id, projection.states)  # 10.2.3: the head join
+        projection = overlay(projection, heads)
         previews = {
             conv: shown_preview(
                 store, tenant_id, conv, row.latest_conversation_seq, projection.state(conv)
@@ -101,6 +111,9 @@ class SessionSnapshots:
         }
         revision = 1 if held is None else held.snapshot.revision
         snapshot = load_snapshot(projection, revision, config, previews)
+        if heads:
+            sessions = mark_entries(snapshot.sessions, heads)
+            snapshot = SessionSnapshot(snapshot.revision, snapshot.keys, sessions)
         if held is not None and (held.stale or snapshot.sessions != held.snapshot.sessions):
             snapshot = SessionSnapshot(revision + 1, snapshot.keys, snapshot.sessions)
         if len(self.held) >= _MAX_HELD:
@@ -148,6 +161,17 @@ def session_list_page(
 def badge_of_user(store: KVReader, tenant_id: str, user_id: str) -> UserBadgeState:
     """The AUTH_OK badge fields (7.7): the stored badge, versioned by its mailbox_seq."""
     return load_header(store, tenant_id, user_id).badge
+
+
+def projection_complete(store: KVReader, tenant_id: str, user_id: str) -> bool:
+    """AUTH_OK ``projection_complete``: false while the user is an active member of a
+    ``mention_only`` conversation. Its projection row lacks the silent-period head, which only
+    PULL_SESSION_LIST joins, so the list is indeed incomplete without that step; the flag is
+    the "existing field" 9.3.1 names to make PULL_SESSION_LIST a mandatory login step
+    (10.2.3; AUTH_OK gains no field, I-33)."""
+    states = load_states(store, tenant_id, user_id)
+    active = [conv for conv, state in states.items() if state.active]
+    return not heads_of(store, tenant_id, active)
 
 
 def command_of(

@@ -14,6 +14,7 @@ Both are pure functions of the dispatch log, like the rest of the store (directi
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Final
 
 import msgspec
@@ -30,6 +31,7 @@ __all__ = [
     "TIER_HEAD",
     "activity_key",
     "advance_head",
+    "heads_of",
     "is_active",
     "load_head",
     "note_activity",
@@ -95,3 +97,13 @@ def advance_head(kv: Overlay, d: GroupDispatch) -> None:
         switched_at_conversation_seq=switched,
     )
     kv.put(key, _ENCODER.encode(new))
+
+
+def heads_of(kv: KVReader, tenant_id: str, conversation_ids: Iterable[str]) -> dict[str, TierHead]:
+    """The read-diffusion heads this shard keeps for ``conversation_ids`` (those it has)."""
+    out = {}
+    for conv in conversation_ids:
+        head = load_head(kv, tenant_id, conv)
+        if head is not None and head.read_diffusion:
+            out[conv] = head
+    return out

@@ -13,7 +13,7 @@ exactly as the projection has them.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Final
 
 import msgspec
@@ -21,8 +21,9 @@ import msgspec
 from qim.core.session_list.rows import SessionRow, UserProjection
 from qim.core.session_list.state import UserConversationState
 from qim.schemas.frames.base import U128, U128_ZERO, u128_from_bytes
+from qim.schemas.frames.history import SessionEntry
 
-__all__ = ["MENTION_ONLY", "TierHead", "overlay", "overlay_row"]
+__all__ = ["MENTION_ONLY", "TierHead", "mark_entries", "overlay", "overlay_row"]
 
 MENTION_ONLY: Final = "mention_only"
 
@@ -76,3 +77,21 @@ def overlay(projection: UserProjection, heads: Mapping[str, TierHead]) -> UserPr
             continue
         rows[conv] = overlay_row(rows.get(conv), state, head)
     return msgspec.structs.replace(projection, rows=rows)
+
+
+def mark_entries(
+    sessions: Iterable[SessionEntry], heads: Mapping[str, TierHead]
+) -> tuple[SessionEntry, ...]:
+    """``sessions[]`` with ``write_policy`` and, for ``mention_only``,
+    ``delivered_conversation_seq`` (10.2.3 hard rule 1: never one without the other)."""
+    out = []
+    for entry in sessions:
+        head = heads.get(entry.conversation_id)
+        if head is not None and head.read_diffusion:
+            entry = msgspec.structs.replace(
+                entry,
+                write_policy=MENTION_ONLY,
+                delivered_conversation_seq=head.latest_conversation_seq,
+            )
+        out.append(entry)
+    return tuple(out)
