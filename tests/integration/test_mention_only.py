@@ -16,8 +16,11 @@ group writes every member a MESSAGE entry and its row says ``always``.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -27,12 +30,29 @@ from qim.devstack.stack import Stack
 from qim.schemas.frames import EventType, SyncEntry
 from qim.schemas.frames.base import MentionType
 from tests.integration.device_support import eventually, login, new_client
-from tests.integration.login_support import pipeline, syncing_gateway
+from tests.integration.login_support import WAIT_S, syncing_gateway
 from tests.integration.mailbox_support import Client as MailboxProbe
+from tests.integration.mailbox_support import Node as MailboxWorker
+from tests.integration.test_admin_groups import WRITER_ENV, writer_serving
+from tests.integration.test_at_all_limits import _metric
+from tests.integration.workers import FaustWorker
 
 pytestmark = pytest.mark.integration
 
 MEMBERS = ("bob", "carol", "dave", "erin")
+
+
+@contextlib.asynccontextmanager
+async def _pipeline(stack: Stack, base: Path, env: dict[str, str]) -> AsyncIterator[FaustWorker]:
+    """Both apps' workers; yields the writer (its /metrics port)."""
+    writer = FaustWorker(stack, "qim.apps.conversation", base / "conversation", env)
+    mailbox = MailboxWorker(stack, base / "mailbox")
+    try:
+        await asyncio.gather(asyncio.to_thread(writer.start), mailbox.start())
+        await asyncio.gather(writer_serving(writer), mailbox.serving(WAIT_S))
+        yield writer
+    finally:
+        await asyncio.gather(asyncio.to_thread(writer.stop), mailbox.stop(), return_exceptions=True)
 
 
 def _of(entries: list[SyncEntry], group: str, seq: int) -> list[tuple[int, int]]:
@@ -48,12 +68,13 @@ async def test_mention_only_on_for_one_tenant_and_off_by_default(
 ) -> None:
     on, off = f"t-mo-{uuid.uuid4().hex[:6]}", f"t-al-{uuid.uuid4().hex[:6]}"
     writer_env = {
+        **WRITER_ENV,
         "QIM_TENANT_OVERRIDES": json.dumps({on: {"mailbox_write_policy": "mention_only"}}),
         "QIM_READ_DIFFUSION_MIN_SAVING": "2",
         "QIM_READ_DIFFUSION_MAX_ACTIVE_RATIO": "0.9",
     }
     async with (
-        pipeline(stack, tmp_path, writer_env),
+        _pipeline(stack, tmp_path, writer_env) as writer,
         MailboxProbe(stack.cfg.kafka.bootstrap) as probe,
         syncing_gateway(stack, "gw-mention-only") as gw,
     ):
@@ -67,6 +88,10 @@ async def test_mention_only_on_for_one_tenant_and_off_by_default(
             )
         finally:
             await alice.client.close()
+        # one switch, at the first message (24.1.3); the second kept the policy
+        switches = {"tenant": on, "conversation": group, "to": "mention_only"}
+        family = "mailbox_write_policy_switch_total"
+        assert _metric(writer.web_port, family, switches) == 1.0
 
         # the mentioned member: a MENTION entry, no MESSAGE entry (AT-39)
         async def bob_mentioned() -> bool:
@@ -120,6 +145,7 @@ async def test_mention_only_on_for_one_tenant_and_off_by_default(
             sent = await alice.client.send_message(plain, b"hello all")
         finally:
             await alice.client.close()
+        assert _metric(writer.web_port, family, {"tenant": off}) is None  # never switched
 
         async def carol_has_it() -> bool:
             return bool(_of(await probe.pull_all(off, "carol"), plain, sent.conversation_seq))

@@ -196,6 +196,7 @@ class ConversationWriterService(Service):
             ),
             on_typing=self.metrics.on_typing,
             on_send_limited=self.metrics.on_send_limited,
+            on_policy_switch=self.metrics.on_policy_switch,
         )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=opts.bootstrap,

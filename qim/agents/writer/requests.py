@@ -92,6 +92,7 @@ from qim.schemas.records import (
     TypingRequest,
     conversation_partition,
 )
+from qim.schemas.records.outbox import MessageCommitted
 from qim.schemas.records.transient import RtcRelay, TypingRelay
 from qim.tables.message_store import MessageStore
 
@@ -136,6 +137,9 @@ class RequestContext:
     on_send_limited: Callable[[str, str], None] = lambda _tenant_id, _dimension: None
     """Called with (tenant, parameter) of each send refused by the @all gate or the L3
     ``tenant_fanout_quota`` (:data:`SEND_LIMIT_DIMENSIONS`), for the metrics."""
+    on_policy_switch: Callable[[str, str, str], None] = lambda _t, _c, _p: None
+    """Called with (tenant, conversation, new policy) when an appended message switches its
+    conversation's ``mailbox_write_policy`` (10.2.3), for the metrics."""
 
 
 SEND_LIMIT_DIMENSIONS: Final = {
@@ -211,6 +215,13 @@ def _check_quota(
         raise MembershipRejected(QUOTA_EXHAUSTED)
 
 
+def _note_policy_switch(pw: PartitionWriter, ctx: RequestContext, record: MessageCommitted) -> None:
+    head = pw.state.head(record.tenant_id, record.conversation_id)
+    before = "always" if head is None else head.write_policy
+    if record.write_policy != before:
+        ctx.on_policy_switch(record.tenant_id, record.conversation_id, record.write_policy)
+
+
 def _dispatch(
     pw: PartitionWriter, ctx: RequestContext, request: ConversationRequest, now_ms: int, plan: Plan
 ) -> None:
@@ -218,6 +229,7 @@ def _dispatch(
         case SendRequest():
             decision = pw.state.handle_send(request, now_ms, pw.membership)
             if isinstance(decision, Accepted):
+                _note_policy_switch(pw, ctx, decision.record)
                 pw.append(decision.record, plan)
             elif isinstance(decision, Rejected) and decision.reason in SEND_LIMIT_DIMENSIONS:
                 ctx.on_send_limited(request.tenant_id, SEND_LIMIT_DIMENSIONS[decision.reason])
