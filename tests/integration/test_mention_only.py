@@ -29,8 +29,8 @@ from qim.client.login import login_and_sync
 from qim.devstack.stack import Stack
 from qim.schemas.frames import EventType, SyncEntry
 from qim.schemas.frames.base import MentionType
-from tests.integration.device_support import eventually, login, new_client
-from tests.integration.login_support import WAIT_S, syncing_gateway
+from tests.integration.device_support import eventually, login
+from tests.integration.login_support import WAIT_S, new_client, syncing_gateway
 from tests.integration.mailbox_support import Client as MailboxProbe
 from tests.integration.mailbox_support import Node as MailboxWorker
 from tests.integration.test_admin_groups import WRITER_ENV, writer_serving

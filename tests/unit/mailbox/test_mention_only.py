@@ -13,7 +13,7 @@ from qim.core.session_list.state import UserConversationState
 from qim.schemas.events import EventType
 from qim.schemas.frames import SyncEntry
 from qim.schemas.frames.base import MENTION_ALL, EntryFlags, MentionType
-from qim.schemas.records.dispatch import EventTemplate, GroupDispatch
+from qim.schemas.records.dispatch import DispatchLogRecord, EventTemplate, GroupDispatch
 from tests.unit.mailbox.support import CONFIG, T, dispatch, group_slice, local_users, numbered, run
 
 G = "g:big"
@@ -63,7 +63,12 @@ def test_ao_42_a_send_makes_a_member_active_for_the_very_next_message() -> None:
     a, b, c = local_users(3)
     store = MemoryMailboxStore()
     slices = group_slice(G, 1, [(u, 0) for u in (a, b, c)])
-    log = [*slices, _group_message(1, a), _group_message(2, c), _group_message(3, a)]
+    log: list[DispatchLogRecord] = [
+        *slices,
+        _group_message(1, a),
+        _group_message(2, c),
+        _group_message(3, a),
+    ]
     run(store, numbered(log))
     assert _kinds(store, c) == [(2, EventType.MESSAGE), (3, EventType.MESSAGE)]
     assert _kinds(store, b) == []
