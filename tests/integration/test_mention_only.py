@@ -137,6 +137,21 @@ async def test_mention_only_on_for_one_tenant_and_off_by_default(
         finally:
             await carol.client.close()
 
+        # carol came online: the very next message writes her MESSAGE entry again (AT-42)
+        alice = await login(gw, on, "alice", "phone")
+        try:
+            third = await alice.client.send_message(group, b"welcome back")
+        finally:
+            await alice.client.close()
+
+        async def carol_active() -> bool:
+            return bool(_of(await probe.pull_all(on, "carol"), group, third.conversation_seq))
+
+        await eventually(carol_active, "carol's MESSAGE entry after her login")
+        assert _of(await probe.pull_all(on, "carol"), group, third.conversation_seq) == [
+            (EventType.MESSAGE, MentionType.NONE)
+        ]
+
         # the same group shape in a tenant without the switch: every member's entry (always)
         plain = f"g:plain-{uuid.uuid4().hex[:6]}"
         alice = await login(gw, off, "alice", "phone")

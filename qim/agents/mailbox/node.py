@@ -62,7 +62,12 @@ from qim.agents.mailbox.push import plan_batch_pushes, send_pushes
 from qim.agents.mailbox.quota import QuotaReconciler, publish_quota
 from qim.agents.mailbox.reads import ReadContext
 from qim.agents.mailbox.session_push import plan_session_pushes, send_session_pushes
-from qim.agents.mailbox.sessions import ReadMerge, send_commands, user_state_commands
+from qim.agents.mailbox.sessions import (
+    ReadMerge,
+    online_commands,
+    send_commands,
+    user_state_commands,
+)
 from qim.agents.mailbox.shard import OwnedShard, decode_run, encode_floor
 from qim.agents.mailbox.takeover import take_over
 from qim.agents.trace_lines import mailboxed as trace_mailboxed
@@ -550,6 +555,7 @@ class MailboxNodeService(Service):
             self.owned.get(partition), partition, records, self._ctx, self.metrics
         )
         await send_replies(self._producer, self.options.to_gateway_topic, replies)
+        await self._append(online_commands(replies, now_ms))  # 10.2.3: a login is activity
 
     # -- rebalance -------------------------------------------------------------------------------
 

@@ -24,7 +24,7 @@ import msgspec
 from aiokafka import AIOKafkaProducer
 
 from qim.core.mailbox.ports import KVReader
-from qim.core.mailbox.read_diffusion import heads_of
+from qim.core.mailbox.read_diffusion import ONLINE_ACTION, heads_of
 from qim.core.mailbox.session_store import (
     load_header,
     load_projection,
@@ -43,6 +43,7 @@ from qim.schemas.frames import Error
 from qim.schemas.frames.history import SessionListBatch
 from qim.schemas.records.dispatch import encode_dispatch_record
 from qim.schemas.records.user_requests import (
+    MailboxReply,
     PullSessionListRequest,
     UserStateRequest,
     decode_user_request,
@@ -54,6 +55,7 @@ __all__ = [
     "SessionSnapshots",
     "badge_of_user",
     "command_of",
+    "online_commands",
     "projection_complete",
     "send_commands",
     "session_list_page",
@@ -303,3 +305,34 @@ class ReadMerge:
 
     def _release(self, keys: list[tuple[str, str, str]]) -> list[UserStateCommand]:
         return [self.held.pop(k)[1] for k in keys]
+
+
+def online_commands(replies: Iterable[MailboxReply], now_ms: int) -> list[UserStateCommand]:
+    """One ``online`` command per AUTH answered ``projection_complete = false``: the user came
+    online while a member of a ``mention_only`` conversation, which makes it active on its
+    shard from the next message on (10.2.3, AT-42). Other logins append nothing."""
+    out = []
+    for reply in replies:
+        auth = reply.auth_sync
+        if auth is None or auth.projection_complete:
+            continue
+        out.append(
+            UserStateCommand(
+                tenant_id=reply.tenant_id,
+                user_id=reply.user_id,
+                conversation_id="",
+                action=ONLINE_ACTION,
+                command_id=command_id(
+                    reply.tenant_id,
+                    reply.user_id,
+                    reply.device_id,
+                    reply.session_epoch,
+                    reply.request_id,
+                    ONLINE_ACTION,
+                ),
+                target_mailbox_shard=reply.mailbox_shard,
+                committed_at=now_ms,
+                origin_device_id=reply.device_id,
+            )
+        )
+    return out

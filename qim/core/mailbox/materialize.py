@@ -45,7 +45,7 @@ from qim.core.mailbox.expand import entries_by_user
 from qim.core.mailbox.kvstore import Overlay
 from qim.core.mailbox.lanes import LaneHold, advance_watermarks, lane_mask, raise_floor
 from qim.core.mailbox.ports import KVReader
-from qim.core.mailbox.read_diffusion import advance_head, is_active, note_activity
+from qim.core.mailbox.read_diffusion import ONLINE_ACTION, advance_head, is_active, note_activity
 from qim.core.mailbox.result import (
     FIRST_SHARD_EPOCH,
     METRICS,
@@ -353,6 +353,8 @@ class _Fold:
         self.log_now = max(self.log_now, c.committed_at)
         self.sessions.log_now_ms = self.log_now
         note_activity(self.kv, c.tenant_id, c.user_id, c.committed_at)  # a read: active (10.2.3)
+        if c.action == ONLINE_ACTION:
+            return  # a login: activity only, no state and no entry
         rows = apply_command(self.sessions, seq, c)
         if not rows:
             return

@@ -4,9 +4,9 @@ Both are pure functions of the dispatch log, like the rest of the store (directi
 
 * ``A tenant 00 user -> u64``: the log time of the user's last activity this shard saw -- a
   message it sent (its own dispatch reaches its shard) or a user-state command (MARK_READ, pin,
-  mute...). A member is *active* while that is within ``active_window_days`` of log time; a
-  send or a read moves it into the active set at once, so the very next message writes its
-  entry again (AT-42).
+  mute...), or a login (``ONLINE_ACTION``). A member is *active* while that is within
+  ``active_window_days`` of log time; a send, a read or a login moves it into the active set
+  at once, so the very next message writes its entry again (AT-42).
 * ``H tenant 00 conversation_id -> TierHead``: per conversation, the latest message the shard
   received and its policy -- one write per shard per message, the 10.2.3 "delivered in
   batches per shard" ``delivered_conversation_seq`` of every silent member on the shard.
@@ -28,6 +28,7 @@ from qim.schemas.records.dispatch import GroupDispatch
 
 __all__ = [
     "ACTIVITY",
+    "ONLINE_ACTION",
     "TIER_HEAD",
     "activity_key",
     "advance_head",
@@ -38,6 +39,11 @@ __all__ = [
     "tier_head_key",
 ]
 
+ONLINE_ACTION: Final = "online"
+"""A ``UserStateCommand`` that only says "this user came online" (10.2.3: a come-online moves
+a member into the active set at once). The MailboxNode appends one per login of a user who is
+an active member of a ``mention_only`` conversation (AUTH_OK ``projection_complete = false``),
+so the active set stays a function of the log; it changes no conversation state."""
 ACTIVITY: Final = b"A"
 TIER_HEAD: Final = b"H"
 _HEAD: Final = msgspec.msgpack.Decoder(TierHead)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
-from qim.core.mailbox import MemoryMailboxStore
-from qim.core.mailbox.read_diffusion import load_head
+from qim.core.mailbox import MemoryMailboxStore, commit, materialize
+from qim.core.mailbox.read_diffusion import ONLINE_ACTION, load_head
 from qim.core.mailbox.reader import StoreMailboxReader
 from qim.core.session_list.read_diffusion import TierHead, overlay_row
 from qim.core.session_list.rows import SessionRow
@@ -13,8 +13,24 @@ from qim.core.session_list.state import UserConversationState
 from qim.schemas.events import EventType
 from qim.schemas.frames import SyncEntry
 from qim.schemas.frames.base import MENTION_ALL, EntryFlags, MentionType
-from qim.schemas.records.dispatch import DispatchLogRecord, EventTemplate, GroupDispatch
-from tests.unit.mailbox.support import CONFIG, T, dispatch, group_slice, local_users, numbered, run
+from qim.schemas.records.dispatch import (
+    DispatchLogRecord,
+    EventTemplate,
+    GroupDispatch,
+    ShardLogRecord,
+)
+from qim.schemas.records.user_state import UserStateCommand
+from tests.unit.mailbox.support import (
+    BASE_TIME,
+    CONFIG,
+    EPOCH,
+    T,
+    dispatch,
+    group_slice,
+    local_users,
+    numbered,
+    run,
+)
 
 G = "g:big"
 
@@ -124,3 +140,26 @@ def test_ao_40_the_session_row_joins_the_head_with_an_estimated_unread() -> None
     # no row yet (only silent-period messages): one is made from the head alone
     fresh = overlay_row(None, UserConversationState(conversation_id=G), head)
     assert (fresh.latest_conversation_seq, fresh.unread_count) == (500, 500)
+
+
+def test_ao_42_a_login_record_makes_a_member_active_and_writes_nothing_itself() -> None:
+    a, b, c = local_users(3)
+    store = MemoryMailboxStore()
+    slices = group_slice(G, 1, [(u, 0) for u in (a, b, c)])
+    run(store, numbered([*slices, _group_message(1, a)]))
+    online = UserStateCommand(
+        tenant_id=T,
+        user_id=b,
+        conversation_id="",
+        action=ONLINE_ACTION,
+        command_id=bytes(16),
+        target_mailbox_shard=0,
+        committed_at=BASE_TIME + 1500,
+    )
+    log: list[tuple[int, ShardLogRecord]] = [
+        (len(slices) + 1, online),
+        (len(slices) + 2, _group_message(2, a)),
+    ]
+    commit(store, materialize(store, log, shard_epoch=EPOCH, config=CONFIG))
+    assert _kinds(store, b) == [(2, EventType.MESSAGE)]  # nothing for the login, then entries
+    assert _kinds(store, c) == []
