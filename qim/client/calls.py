@@ -13,6 +13,7 @@ import uuid
 from typing import TypeVar
 
 from qim.client.errors import UnexpectedFrame
+from qim.client.gaps import HistoryCoverage
 from qim.client.identity import Identity
 from qim.client.reactions import ReactionState
 from qim.client.sessions import SessionList
@@ -37,7 +38,7 @@ from qim.schemas.frames import (
     SyncComplete,
 )
 from qim.schemas.frames.control import Edit, MarkRead, ReadSync, Recall
-from qim.schemas.frames.history import SessionEntry
+from qim.schemas.frames.history import HistoryMessage, SessionEntry
 from qim.schemas.frames.reactions import PullReactions, React, ReactionList, ReactionUpdate
 from qim.schemas.message_types import MessageType
 
@@ -53,6 +54,7 @@ class FrameCalls:
     """Tenant and user of this client (from the access token at connect, or set by the app)."""
 
     sessions: SessionList
+    coverage: HistoryCoverage
     """The local session list (12.6.2, 12.8.3), fed by pages and by the session frames."""
 
     reactions: ReactionState
@@ -265,6 +267,36 @@ class FrameCalls:
         batch = await self._call(body, HistoryBatch, timeout)
         self.reactions.apply_history(conversation_id, batch)
         return batch
+
+    async def enter_conversation(
+        self,
+        conversation_id: str,
+        *,
+        limit: int = 0,
+        max_pages: int = 20,
+        timeout: float | None = None,
+    ) -> list[HistoryMessage]:
+        """The 10.2.3 gap rule on entering a conversation: for a ``mention_only`` row of
+        :attr:`sessions` (from PULL_SESSION_LIST), fill ``(through, latest_conversation_seq]``
+        with PULL_HISTORY ``newer`` pages and return the messages pulled; an ``always`` row
+        (or none) pulls nothing (:class:`~qim.client.gaps.HistoryCoverage`)."""
+        pulled: list[HistoryMessage] = []
+        for _ in range(max_pages):
+            gap = self.coverage.gap(self.sessions.rows.get(conversation_id))
+            if gap is None:
+                break
+            after = gap[0]
+            batch = await self.pull_history(
+                conversation_id,
+                direction="newer",
+                anchor_conversation_seq=after,
+                limit=limit,
+                timeout=timeout,
+            )
+            pulled.extend(batch.messages)
+            if self.coverage.filled(conversation_id, after, batch) <= after:
+                break  # nothing new: the server has nothing above ``after`` yet
+        return pulled
 
     async def react(
         self,

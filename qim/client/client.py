@@ -40,6 +40,7 @@ from qim.client.errors import (
     UnexpectedFrame,
 )
 from qim.client.framing import FramedConnection
+from qim.client.gaps import HistoryCoverage
 from qim.client.heartbeat import HeartbeatConfig, HeartbeatState
 from qim.client.identity import identity_from_token
 from qim.client.reactions import ReactionState
@@ -147,6 +148,7 @@ class QimClient(FrameCalls, UserStateCalls, RoomCalls, RealtimeCalls):
         self.last_applied_mailbox_seq = 0  # the application's cursor, reported in PING
         self._bound: tuple[str, str, int] = ("", DEFAULT_CLIENT_VERSION, 0)  # for reauth
         self.sessions = SessionList()
+        self.coverage = HistoryCoverage()
         self.reactions = ReactionState()
         self.rooms = RoomTracker()  # joined rooms of this connection (14.5)
         self.unknown_frames = 0  # skipped per §27.1.2

@@ -96,6 +96,12 @@ class SyncResult:
                     yield entry
 
     @property
+    def session_list_required(self) -> bool:
+        """AUTH_OK asked for PULL_SESSION_LIST before the list is first rendered (9.3.1:
+        ``projection_complete = false``, e.g. a ``mention_only`` conversation, 10.2.3)."""
+        return not self.auth_ok.projection_complete
+
+    @property
     def rebuild_required(self) -> bool:
         """CURSOR_EXPIRED was met: the §9.6.3 back-fill is still to do."""
         return self.cursor.rebuild_pending
@@ -114,6 +120,7 @@ async def login_and_sync(
     client_version: str = DEFAULT_CLIENT_VERSION,
     capabilities: int = 0,
     clock_ms: Callable[[], int] = _wall_ms,
+    session_list: bool | None = False,
 ) -> SyncResult:
     """AUTH on ``client`` (an unconnected QimClient) and sync until ONLINE_READY.
 
@@ -123,6 +130,13 @@ async def login_and_sync(
     :class:`QimError` for a verdict that another AUTH cannot fix (or after ``max_attempts``),
     :class:`~qim.client.sync.SyncProtocolError` for a server that breaks §9.3.3; the client is
     closed then.
+
+    ``session_list``: run PULL_SESSION_LIST (every page, into ``client.sessions``) after
+    ONLINE_READY. None = when the server asks for it with ``AUTH_OK.projection_complete =
+    false`` -- the mandatory step of 9.3.1, which the ``mention_only`` tier relies on (10.2.3);
+    an app that renders the list passes None. False (the default, for now) leaves it to the
+    caller (``SyncResult.session_list_required``): a gateway without a login sync sends the
+    field's default false, and no mailbox would answer the pull (topology.md decision 46).
     """
     state = sync if sync is not None else MailboxSync(cursor)
     if state.phase is not SyncPhase.OFFLINE:
@@ -161,6 +175,8 @@ async def login_and_sync(
             await client.close()
             raise
         client.last_applied_mailbox_seq = state.cursor.last_applied_mailbox_seq
+        if session_list or (session_list is None and not ok.projection_complete):
+            await client.load_session_list()
         ordered = sorted(entries, key=lambda e: (e.mailbox_seq, e.event_ordinal, e.event_id))
         return SyncResult(client, ok, ordered, state.cursor, state, attempt)
     raise AssertionError("unreachable: the last attempt returns or raises")

@@ -151,7 +151,13 @@ INVENTORY: Final[tuple[MetricName, ...]] = (
     _m("dispatch_duplicate_suppressed_total", "24.1.3", "mailbox"),
     _pending("membership_version_count_per_hour", "24.1.3", "not counted yet"),
     _pending("conversation_active_member_ratio", "24.1.3", "big-group lazy mode not built"),
-    _pending("mailbox_write_policy_switch_total", "24.1.3", "mention_only policy not built"),
+    _m(
+        "mailbox_write_policy_switch_total",
+        "24.1.3",
+        "conversation",
+        note="the ConversationWriter's always <-> mention_only switches, by tenant, "
+        "conversation and the policy switched to (topology.md decision 46)",
+    ),
     # 24.1.4 Mailbox materialization and lane watermarks (MailboxNode)
     _m("lane_watermark_stall_ms", "24.1.4", "mailbox"),
     _m("lane_watermark_skew_seq", "24.1.4", "mailbox"),

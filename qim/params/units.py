@@ -101,7 +101,7 @@ GROUP_ROW_COUNTS: Final[dict[Group, int]] = {
     "B.6": 12,
     "B.6.1": 22,
     "B.7": 17,
-    "prose": 3,
+    "prose": 4,
 }
 
 SUFFIX_UNITS: Final[dict[str, Unit]] = {

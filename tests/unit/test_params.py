@@ -187,6 +187,7 @@ def test_every_spec_table_name_is_declared_in_its_group(group: str) -> None:
         "read_sync_merge_window",
         "target_utilization",
         "default_history_retention_days_max",
+        "mailbox_write_policy",
     ],
 )
 def test_parameters_named_in_prose_are_declared(name: str) -> None:

@@ -73,6 +73,7 @@ from qim.agents.mailbox.session_push import plan_session_pushes, send_session_pu
 from qim.agents.mailbox.sessions import (
     ReadMerge,
     SessionSnapshots,
+    online_commands,
     send_commands,
     user_state_commands,
 )
@@ -808,6 +809,7 @@ class MailboxNodeService(Service):
             self.owned.get(partition), partition, records, self._ctx, self.metrics
         )
         await send_replies(self._producer, self.options.to_gateway_topic, replies)
+        await self._append(online_commands(replies, now_ms))  # 10.2.3: a login is activity
 
     # -- rebalance -------------------------------------------------------------------------------
 

@@ -29,7 +29,12 @@ import msgspec
 
 from qim.agents.keyring import BodyKeys, opened_entry
 from qim.agents.mailbox.observe import ReadStats, StorageProbe
-from qim.agents.mailbox.sessions import SessionSnapshots, badge_of_user, session_list_page
+from qim.agents.mailbox.sessions import (
+    SessionSnapshots,
+    badge_of_user,
+    projection_complete,
+    session_list_page,
+)
 from qim.agents.mailbox.shard import OwnedShard
 from qim.core.mailbox import StoreMailboxReader, join_bodies
 from qim.core.mailbox.keys import count_key
@@ -178,7 +183,7 @@ def _sync_auth(
         total_mention=badge.total_mention,
         muted_unread=badge.muted_unread,
         badge_projection_mailbox_seq=badge.badge_projection_mailbox_seq,
-        projection_complete=True,
+        projection_complete=projection_complete(probe, tenant, user),
     )
 
 

@@ -25,7 +25,13 @@ from aiokafka import AIOKafkaProducer
 
 from qim.agents.keyring import BodyKeys
 from qim.core.mailbox.ports import KVReader
-from qim.core.mailbox.session_store import load_header, load_projection, shown_preview
+from qim.core.mailbox.read_diffusion import ONLINE_ACTION, heads_of
+from qim.core.mailbox.session_store import (
+    load_header,
+    load_projection,
+    load_states,
+    shown_preview,
+)
 from qim.core.session_list import (
     SessionListConfig,
     SessionSnapshot,
@@ -33,10 +39,12 @@ from qim.core.session_list import (
     load_snapshot,
     page,
 )
+from qim.core.session_list.read_diffusion import mark_entries, overlay
 from qim.schemas.frames import Error
 from qim.schemas.frames.history import SessionListBatch
 from qim.schemas.records.dispatch import encode_dispatch_record
 from qim.schemas.records.user_requests import (
+    MailboxReply,
     PullSessionListRequest,
     UserStateRequest,
     decode_user_request,
@@ -48,6 +56,8 @@ __all__ = [
     "SessionSnapshots",
     "badge_of_user",
     "command_of",
+    "online_commands",
+    "projection_complete",
     "send_commands",
     "session_list_page",
     "user_state_commands",
@@ -97,6 +107,8 @@ class SessionSnapshots:
             held.used_ms = now_ms
             return held.snapshot
         projection = load_projection(store, tenant_id, user_id)
+        heads = heads_of(store, tenant_id, projection.states)  # 10.2.3: the head join
+        projection = overlay(projection, heads)
         previews = {
             conv: shown_preview(
                 store, tenant_id, conv, row.latest_conversation_seq, projection.state(conv)
@@ -108,6 +120,9 @@ class SessionSnapshots:
             previews = {c: bodies.open_preview(p, tenant_id, c) for c, p in previews.items()}
         revision = 1 if held is None else held.snapshot.revision
         snapshot = load_snapshot(projection, revision, config, previews)
+        if heads:
+            sessions = mark_entries(snapshot.sessions, heads)
+            snapshot = SessionSnapshot(snapshot.revision, snapshot.keys, sessions)
         if held is not None and (held.stale or snapshot.sessions != held.snapshot.sessions):
             snapshot = SessionSnapshot(revision + 1, snapshot.keys, snapshot.sessions)
         if len(self.held) >= _MAX_HELD:
@@ -155,6 +170,17 @@ def session_list_page(
 def badge_of_user(store: KVReader, tenant_id: str, user_id: str) -> UserBadgeState:
     """The AUTH_OK badge fields (7.7): the stored badge, versioned by its mailbox_seq."""
     return load_header(store, tenant_id, user_id).badge
+
+
+def projection_complete(store: KVReader, tenant_id: str, user_id: str) -> bool:
+    """AUTH_OK ``projection_complete``: false while the user is an active member of a
+    ``mention_only`` conversation. Its projection row lacks the silent-period head, which only
+    PULL_SESSION_LIST joins, so the list is indeed incomplete without that step; the flag is
+    the "existing field" 9.3.1 names to make PULL_SESSION_LIST a mandatory login step
+    (10.2.3; AUTH_OK gains no field, I-33)."""
+    states = load_states(store, tenant_id, user_id)
+    active = [conv for conv, state in states.items() if state.active]
+    return not heads_of(store, tenant_id, active)
 
 
 def command_of(
@@ -286,3 +312,34 @@ class ReadMerge:
 
     def _release(self, keys: list[tuple[str, str, str]]) -> list[UserStateCommand]:
         return [self.held.pop(k)[1] for k in keys]
+
+
+def online_commands(replies: Iterable[MailboxReply], now_ms: int) -> list[UserStateCommand]:
+    """One ``online`` command per AUTH answered ``projection_complete = false``: the user came
+    online while a member of a ``mention_only`` conversation, which makes it active on its
+    shard from the next message on (10.2.3, AT-42). Other logins append nothing."""
+    out = []
+    for reply in replies:
+        auth = reply.auth_sync
+        if auth is None or auth.projection_complete:
+            continue
+        out.append(
+            UserStateCommand(
+                tenant_id=reply.tenant_id,
+                user_id=reply.user_id,
+                conversation_id="",
+                action=ONLINE_ACTION,
+                command_id=command_id(
+                    reply.tenant_id,
+                    reply.user_id,
+                    reply.device_id,
+                    reply.session_epoch,
+                    reply.request_id,
+                    ONLINE_ACTION,
+                ),
+                target_mailbox_shard=reply.mailbox_shard,
+                committed_at=now_ms,
+                origin_device_id=reply.device_id,
+            )
+        )
+    return out

@@ -225,6 +225,7 @@ class ConversationWriterService(Service):
             on_send_limited=self.metrics.on_send_limited,
             keys=self.keys,
             ensure_keys=self.key_follower.ensure_conversation_keys,
+            on_policy_switch=self.metrics.on_policy_switch,
         )
         consumer = AIOKafkaConsumer(
             bootstrap_servers=opts.bootstrap,

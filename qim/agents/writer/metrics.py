@@ -14,6 +14,10 @@ export per (tenant, dimension) (the spec names no metric; ``dimension`` is the p
 ``max_conversations_per_user``, ``tenant_fanout_quota`` and the three @all limits of 11.4.2).
 ``fanout_quota_rejected_total{tenant}`` (24.1.3, verbatim) counts the sends refused
 FANOUT_QUOTA_EXCEEDED by L3 ``tenant_fanout_quota``: steady state 0, > 0 notifies the tenant.
+``mailbox_write_policy_switch_total{tenant,conversation,to}`` (24.1.3) counts the appended
+messages that switch a conversation's write policy: 0 steady (hysteresis), more than one per
+conversation in 24 h is a P3. Only groups that pass the admission test ever switch, so the
+``conversation`` label stays bounded by the big groups.
 """
 
 from __future__ import annotations
@@ -99,12 +103,20 @@ class WriterMetrics:
             "fanout_quota_rejected", "sends refused FANOUT_QUOTA_EXCEEDED (tenant_fanout_quota)",
             labelnames=("tenant",), registry=r,
         )  # fmt: skip
+        self.policy_switch = Counter(
+            "mailbox_write_policy_switch", "always <-> mention_only switches (10.2.3, 24.1.3)",
+            labelnames=("tenant", "conversation", "to"), registry=r,
+        )  # fmt: skip
         self.typing = Counter(
             "qim_writer_typing_total", "TYPING decisions (13.2) by verdict",
             labelnames=("verdict",), registry=r,
         )  # fmt: skip
         if status is not None:
             r.register(_Status(status))
+
+    def on_policy_switch(self, tenant_id: str, conversation_id: str, policy: str) -> None:
+        """A message that changes its conversation's ``mailbox_write_policy`` was appended."""
+        self.policy_switch.labels(tenant_id, conversation_id, policy).inc()
 
     def on_typing(self, verdict: str) -> None:
         """One TYPING decided: forward / merged / too_large / alone / not_a_member."""

@@ -95,6 +95,7 @@ from qim.schemas.records import (
     TypingRequest,
     conversation_partition,
 )
+from qim.schemas.records.outbox import MessageCommitted
 from qim.schemas.records.transient import RtcRelay, TypingRelay
 from qim.tables.message_store import MessageStore
 
@@ -146,6 +147,10 @@ class RequestContext:
     ensure_keys: Callable[[set[tuple[str, str]]], Awaitable[None]] | None = None
     """Makes each (tenant, conversation)'s ConversationDEK durable before a batch that will
     seal with it is decided (``KeyTopicFollower.ensure_conversation_keys``)."""
+
+    on_policy_switch: Callable[[str, str, str], None] = lambda _t, _c, _p: None
+    """Called with (tenant, conversation, new policy) when an appended message switches its
+    conversation's ``mailbox_write_policy`` (10.2.3), for the metrics."""
 
 
 def conversations_to_seal(
@@ -238,6 +243,13 @@ def _check_quota(
         raise MembershipRejected(QUOTA_EXHAUSTED)
 
 
+def _note_policy_switch(pw: PartitionWriter, ctx: RequestContext, record: MessageCommitted) -> None:
+    head = pw.state.head(record.tenant_id, record.conversation_id)
+    before = "always" if head is None else head.write_policy
+    if record.write_policy != before:
+        ctx.on_policy_switch(record.tenant_id, record.conversation_id, record.write_policy)
+
+
 def _dispatch(
     pw: PartitionWriter, ctx: RequestContext, request: ConversationRequest, now_ms: int, plan: Plan
 ) -> None:
@@ -245,6 +257,7 @@ def _dispatch(
         case SendRequest():
             decision = pw.state.handle_send(request, now_ms, pw.membership)
             if isinstance(decision, Accepted):
+                _note_policy_switch(pw, ctx, decision.record)
                 sent: OutboxRecord = decision.record
                 if ctx.keys is not None:
                     sent = sealed_record(ctx.keys, sent, e2ee=decision.record.e2ee)

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from qim.core.conversation.custom_types import CustomTypeRegistry
+from qim.core.fanout.write_policy import TierRule
 from qim.params import Rate, Settings, TieredRate
 from qim.schemas.message_types import CustomTypeContract
 
@@ -55,6 +56,8 @@ class WriterLimits:
     ``large_group_member_threshold``."""
     tenant_fanout_quota: Rate | None = None
     """Spec 8.2 L3 / 10.5.2: entries per period, a token bucket; None = not enforced."""
+    write_tier: TierRule = field(default_factory=TierRule)
+    """Spec 10.2.3: the tenant's ``mailbox_write_policy`` switch and the tier's B.5.1 values."""
 
     def __post_init__(self) -> None:
         if self.per_user_msg_rate_burst < 1:
@@ -90,6 +93,7 @@ class WriterLimits:
             at_all_daily_quota_per_sender=int(settings.at_all_daily_quota_per_sender),
             at_all_min_role=str(settings.at_all_min_role),
             tenant_fanout_quota=settings.tenant_fanout_quota,
+            write_tier=TierRule.from_settings(settings),
         )
 
 

@@ -122,6 +122,11 @@ class ConversationHead(msgspec.Struct, frozen=True, array_like=True):
     """A message of this conversation was committed E2EE (spec 22.1: then all are). For a
     direct conversation this is the flag fixed by its first message; trailing, so older
     snapshots decode."""
+    write_policy: str = "always"
+    """The ``mailbox_write_policy`` of the last message (spec 10.2.3); trailing like ``e2ee``."""
+    policy_switched_at: U64 = 0
+    """Log time (``committed_at``) of the message that last changed ``write_policy``: the
+    switch instant 10.2.3 records in the conversation metadata (0 = never switched)."""
 
     @property
     def key(self) -> tuple[str, str]:
@@ -162,8 +167,13 @@ def advance(head: ConversationHead | None, record: SequencedRecord) -> Conversat
         "head_version": head.head_version + 1,
     }
     if isinstance(record, MessageCommitted):
+        switched = head.policy_switched_at
+        if record.write_policy != head.write_policy:
+            switched = record.committed_at
         return msgspec.structs.replace(
             head,
+            write_policy=record.write_policy,
+            policy_switched_at=switched,
             last_message_id=record.message_id,
             last_sender_id=record.sender_id,
             preview_or_placeholder=record.preview_or_placeholder,

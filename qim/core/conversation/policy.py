@@ -66,6 +66,7 @@ def message_record(
     fencing_epoch: int,
     config: WriterConfig,
     contract: SendContract = ORDINARY,
+    write_policy: str = "always",
 ) -> MessageCommitted:
     """The outbox record of an admitted send: the frame's fields plus every commit decision,
     its type's spec 13.3 contract included (``custom_types.send_contract``)."""
@@ -105,4 +106,5 @@ def message_record(
         anchor_mode=contract.anchor_mode,
         schema_version=contract.schema_version,
         e2ee=target.e2ee,
+        write_policy=write_policy,
     )

@@ -102,6 +102,7 @@ from qim.core.conversation.head import (
 from qim.core.conversation.membership import MembershipView, Target, resolve_target
 from qim.core.conversation.policy import message_record
 from qim.core.conversation.snapshot import decode_snapshot, encode_snapshot
+from qim.core.fanout.write_policy import ALWAYS, MENTION_ONLY, TierState, decide
 from qim.core.history.records import MessageRecord
 from qim.core.reactions.decide import (
     ReactionLimits,
@@ -285,6 +286,7 @@ class ConversationWriterState:
             fencing_epoch=self._fencing_epoch,
             config=self.config,
             contract=contract,
+            write_policy=_write_policy(limits, target, head, coords.committed_at),
         )
         ack = ack_reply(
             request, coords.message_id, coords.conversation_seq, coords.last_activity_id
@@ -647,6 +649,26 @@ def _react_error(
 ) -> WriterReply:
     error = Error(code=int(code), retry_after_ms=retry_after_ms, request_id=request.request_id)
     return reply_for(request, error=error)
+
+
+def _write_policy(
+    limits: WriterLimits, target: Target, head: ConversationHead | None, committed_at: int
+) -> str:
+    """The message's ``mailbox_write_policy`` (spec 10.2.3, topology.md decision 46).
+
+    Decided at the commit's log time from the head's policy and switch instant, so a replay of
+    the outbox rebuilds the same head. The active count is 0: no per-conversation measure of
+    |active| reaches the writer yet (``conversation_active_member_ratio`` is pending), so the
+    admission test reduces to ``N > read_diffusion_min_saving`` until one does.
+    """
+    if target.kind != GROUP:
+        return ALWAYS
+    state = TierState()
+    if head is not None and head.write_policy == MENTION_ONLY:
+        state = TierState(MENTION_ONLY, head.policy_switched_at)
+    elif head is not None:
+        state = TierState(ALWAYS, head.policy_switched_at)
+    return decide(limits.write_tier, state, target.member_count, 0, committed_at).policy
 
 
 def _dedup_entry(record: MessageCommitted) -> DedupEntry:

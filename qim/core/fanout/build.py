@@ -140,6 +140,7 @@ def message_dispatch(record: MessageCommitted, shard: int) -> GroupDispatch:
             else record.sealed_preview  # b"" unless the writer sealed the body (21.3.4)
         ),
         e2ee=record.e2ee,
+        write_policy=record.write_policy,
     )
 
 

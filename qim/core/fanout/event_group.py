@@ -145,7 +145,8 @@ def _kinds(dispatch: GroupDispatch, config: FanoutConfig) -> list[EventType]:
     """Entry kinds of an unsplit dispatch, in ``event_ordinal`` order."""
     kinds = [EventType(dispatch.event_type)]
     template = dispatch.event_template
-    if config.mention_entries and (template.mention_targets or template.reply_to_sender_id):
+    mention_entries = config.mention_entries or dispatch.write_policy == "mention_only"
+    if mention_entries and (template.mention_targets or template.reply_to_sender_id):
         kinds.append(EventType.MENTION)
     return sorted(kinds)
 

@@ -19,7 +19,9 @@ implements and the reference the tests and the audit compare against:
 3. mentions (11.4.1): ``mention_type`` on the primary entry -- AT_ME for a named user, else
    AT_ALL for ``"@all"``, else REPLY_ME for ``reply_to_sender_id``. Only with
    ``mention_entries`` (the ``mention_only`` tier) does a mentioned user also get a MENTION entry.
-4. chunks: a dispatch with ``chunk_count > 1`` writes only the entries of its own kind -- the
+4. the ``mention_only`` tier (10.2.3, 11.4.1): a slice member outside the shard's active set
+   gets no primary entry; every mentioned member (active or silent) gets a MENTION entry.
+5. chunks: a dispatch with ``chunk_count > 1`` writes only the entries of its own kind -- the
    MENTION chunk the MENTION entries, the others the primary entries (``event_group``).
 """
 
@@ -28,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from qim.core.fanout.write_policy import MENTION_ONLY
 from qim.core.membership import Departures, ShardSlice
 from qim.schemas.events import EventType
 from qim.schemas.frames.base import MENTION_ALL, MentionType
@@ -95,19 +98,33 @@ def expand_dispatch(
     *,
     mention_entries: bool = False,
     departures: Departures | None = None,
+    is_active: Callable[[str], bool] | None = None,
 ) -> tuple[Delivery, ...]:
     """Every entry ``dispatch`` writes on its shard, sorted by (user, event_type).
 
     ``shard_slice`` is the pinned version's slice on this shard (None when the dispatch pins
     none); ``shard_of`` routes a user id of the dispatch's tenant to its MailboxShard;
     ``departures`` the closed intervals known for the group on this shard (none by default).
+    ``is_active``: the shard's active set (10.2.3), read only for a ``mention_only`` dispatch:
+    a slice member outside it gets no primary entry, only a MENTION entry when mentioned (the
+    sender and explicit recipients always get theirs). None = everyone active.
     """
     out: list[Delivery] = []
     only = EventType(dispatch.event_type) if dispatch.chunk_count > 1 else None
     primaries = _primaries(dispatch, shard_slice, shard_of, departures or {})
+    read_diffusion = dispatch.write_policy == MENTION_ONLY and dispatch.membership_version > 0
+    mention_entries = mention_entries or read_diffusion
+    explicit = frozenset(dispatch.participants)
     for user, event_type in sorted(primaries.items()):
         mention = mention_type_of(dispatch, user)
-        if only is None or only != EventType.MENTION:
+        silent = (
+            read_diffusion
+            and is_active is not None
+            and user != dispatch.sender_id
+            and user not in explicit
+            and not is_active(user)
+        )
+        if (only is None or only != EventType.MENTION) and not silent:
             out.append(Delivery(user, event_type, mention))
         if mention_entries and mention != MentionType.NONE and only in (None, EventType.MENTION):
             out.append(Delivery(user, EventType.MENTION, mention))

@@ -39,6 +39,9 @@ class MailboxConfig:
     MESSAGE entry's ``mention_type`` (spec 11.4.1, I-29 of ch. 10-11, case 26.3.1); the
     MENTION entry is the ``mention_only`` tier's (which needs an ADR to enable, I-32). Moves to
     the dispatch's event_template once the FanoutCoordinator decides the tier per message."""
+    active_window_ms: int = 7 * DAY_MS
+    """B.5.1 ``active_window_days``: a member with a send or a user-state command on this
+    shard within it is in the ``mention_only`` tier's active set (10.2.3, ``read_diffusion``)."""
     session_list: SessionListConfig = field(default_factory=SessionListConfig)
     """The session fold's B.6 values (``sessions``): replay needs the same ones."""
 
@@ -79,6 +82,7 @@ class MailboxConfig:
             max_mailbox_entries_per_user=settings.max_mailbox_entries_per_user,
             mailbox_entry_cap_hysteresis=settings.mailbox_entry_cap_hysteresis,
             dispatch_progress_retention_ms=settings.dispatch_progress_retention,
+            active_window_ms=int(settings.active_window_days) * DAY_MS,
             session_list=SessionListConfig.from_settings(settings),
         )
 

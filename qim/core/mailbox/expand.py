@@ -20,7 +20,10 @@ What each entry holds is decided here, deterministically (spec 6.7, 7.3, I-5):
 * an ``anchor_target`` custom message (spec 13.3) carries the dispatch's
   ``target_conversation_seq`` on its MESSAGE entries, the row a client updates in place;
 * a MENTION entry (only with ``mention_entries``) carries no flags and no body: unread, order
-  and the body stay with the primary entry of the same event group;
+  and the body stay with the primary entry of the same event group; in the ``mention_only``
+  tier a silent member's MENTION entry is its only one, so it carries the primary's unread and
+  order flags (not TIMELINE_VISIBLE: the row comes from PULL_HISTORY, 10.2.3) and the session
+  fold counts it in the primary's place;
 * the body is inline only when the dispatch says so (ADR-0005: the writer decides);
 * a recall / edit / delete (``amend_action``, 13.4.1 step 5) is a CONTROL entry for every
   recipient: ``expand_dispatch`` gives a group's slice members MESSAGE (its rule for ordinary
@@ -64,6 +67,7 @@ def entries_by_user(
     *,
     mention_entries: bool,
     departures: Departures | None = None,
+    is_active: Callable[[str], bool] | None = None,
 ) -> dict[str, list[EntryRow]]:
     """Each recipient's event group, users ascending, rows in ``(ordinal, event_id)`` order.
 
@@ -75,15 +79,23 @@ def entries_by_user(
     )
     out: dict[str, list[EntryRow]] = {}
     target = _target_view(dispatch)
-    for delivery in expand_dispatch(
-        dispatch, shard_slice, shard_of, mention_entries=mention_entries, departures=departures
-    ):
+    deliveries = expand_dispatch(
+        dispatch,
+        shard_slice,
+        shard_of,
+        mention_entries=mention_entries,
+        departures=departures,
+        is_active=is_active,
+    )
+    primaries = {d.user_id for d in deliveries if d.event_type != EventType.MENTION}
+    for delivery in deliveries:
         kind = EventType(delivery.event_type)
         if target is not None:
             if kind == EventType.MENTION:
                 continue
             kind = EventType.CONTROL
-        entry = _entry(dispatch, delivery.user_id, kind, delivery.mention_type, joined)
+        lone = delivery.user_id not in primaries
+        entry = _entry(dispatch, delivery.user_id, kind, delivery.mention_type, joined, lone)
         if target is not None:
             entry = _amend(entry, dispatch, target, delivery.user_id)
         row = EntryRow(
@@ -103,10 +115,16 @@ def _entry(
     kind: EventType,
     mention_type: int,
     joined: Mapping[str, int],
+    lone: bool = False,
 ) -> StoredEntry:
     own = user_id == dispatch.sender_id
     mention = kind == EventType.MENTION
     inline = dispatch.inline_body and not mention
+    flags = 0
+    if not mention:
+        flags = _flags(dispatch, own)
+    elif lone:  # a silent member's only entry (10.2.3): it stands in for the absent primary
+        flags = _flags(dispatch, own) & ~int(EntryFlags.TIMELINE_VISIBLE)
     return StoredEntry(
         event_type=int(kind),
         message_id=dispatch.message_id,
@@ -115,7 +133,7 @@ def _entry(
         last_activity_id=dispatch.last_activity_id,
         sender_id=dispatch.sender_id,
         visibility_floor_conversation_seq=joined.get(user_id, 0),
-        flags=0 if mention else _flags(dispatch, own),
+        flags=flags,
         mention_type=mention_type,
         created_at=dispatch.committed_at,
         # an anchor_target custom message names its row (13.3); an amend's is set by ``_amend``

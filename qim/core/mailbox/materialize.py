@@ -45,6 +45,7 @@ from qim.core.mailbox.expand import entries_by_user
 from qim.core.mailbox.kvstore import Overlay
 from qim.core.mailbox.lanes import LaneHold, advance_watermarks, lane_mask, raise_floor
 from qim.core.mailbox.ports import KVReader
+from qim.core.mailbox.read_diffusion import ONLINE_ACTION, advance_head, is_active, note_activity
 from qim.core.mailbox.result import (
     FIRST_SHARD_EPOCH,
     METRICS,
@@ -218,12 +219,20 @@ class _Fold:
         departures = None
         if shard_slice is not None:
             departures = load_departures(kv, tenant, d.conversation_id)
+        message = d.amend_action is None and d.event_type == EventType.MESSAGE
+        read_diffusion = message and d.write_policy == "mention_only"
+        if message and d.conversation_kind == "group":  # the 10.2.3 active set and head
+            if config.in_this_shard(tenant, d.sender_id):
+                note_activity(kv, tenant, d.sender_id, d.committed_at)
+            advance_head(kv, d)
+        now, window = self.log_now, config.active_window_ms
         groups = entries_by_user(
             d,
             shard_slice,
             lambda user: config.shard_of(tenant, user),
             mention_entries=config.mention_entries,
             departures=departures,
+            is_active=lambda user: is_active(kv, tenant, user, now, window),
         )
         lanes: set[int] = set()
         over_cap: list[str] = []
@@ -244,9 +253,12 @@ class _Fold:
             self.sessions.entries(tenant, user, seq, rows)
             if count > config.max_mailbox_entries_per_user:
                 over_cap.append(user)
-        if written and not d.inline_body and (keep_copies or d.amend_action is not None):
+        # a read-diffusion message keeps its shard copies even with no entry here: the session
+        # list's preview of a silent member joins them (10.2.3 data source)
+        kept = written or read_diffusion
+        if kept and not d.inline_body and (keep_copies or d.amend_action is not None):
             self._keep_body(d)  # an amend's own body: an edit's new payload
-        if written and keep_copies:
+        if kept and keep_copies:
             self._keep_facts(seq, d)
         dkey = keys.dispatch_key(tenant, d.dispatch_id)
         expire = d.committed_at + config.dispatch_progress_retention_ms
@@ -340,6 +352,9 @@ class _Fold:
             return
         self.log_now = max(self.log_now, c.committed_at)
         self.sessions.log_now_ms = self.log_now
+        note_activity(self.kv, c.tenant_id, c.user_id, c.committed_at)  # a read: active (10.2.3)
+        if c.action == ONLINE_ACTION:
+            return  # a login: activity only, no state and no entry
         rows = apply_command(self.sessions, seq, c)
         if not rows:
             return

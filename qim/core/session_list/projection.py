@@ -114,8 +114,8 @@ class _Fold:
 
     def entry(self, item: EntryIn) -> None:
         e = item.entry
-        if e.event_type == EventType.MENTION:
-            return
+        if e.event_type == EventType.MENTION and not e.flags:
+            return  # its primary entry carries the counts; a flagged one stands alone (10.2.3)
         conv, seq = e.conversation_id, e.conversation_seq
         state = self.state(conv)
         if not state.visible(seq) or seq <= e.visibility_floor_conversation_seq:

@@ -212,6 +212,20 @@ class NamedInProse:
         minimum=1,
         note="Named only inside the B.3 row of default_history_retention_days ('1..=…(3650)').",
     )
+    mailbox_write_policy = Param(
+        "mailbox_write_policy",
+        "always",
+        "enum",
+        "prose",
+        "The tenant switch of the reserved read-diffusion tier (§10.2.3, §27.4): 'always' keeps "
+        "every member's mailbox entry; 'mention_only' lets a group that passes the admission "
+        "test switch, with hysteresis.",
+        choices=("always", "mention_only"),
+        note=(
+            "§27.4 tenant switch, not a B row. Off by default; enabling it changes the §2.2 "
+            "promise and needs ADR-0003 (I-32)."
+        ),
+    )
     at_all_notify_muted = Param(
         "at_all_notify_muted",
         False,

@@ -130,6 +130,10 @@ class GroupDispatch(
     target_reply_to_sender_id: str = ""
     preview_or_placeholder: bytes = b""
     e2ee: bool = False
+    write_policy: str = "always"
+    """The message's ``mailbox_write_policy`` (spec 10.2.3): under "mention_only" a slice member
+    gets a MESSAGE entry only while active on its shard, a mentioned one a MENTION entry always
+    (``qim.core.fanout.recipients``)."""
 
     @property
     def key(self) -> bytes:

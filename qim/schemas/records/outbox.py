@@ -131,6 +131,9 @@ class MessageCommitted(
     flags: U8 = MESSAGE_FLAGS
     anchor_mode: str = "own_seq"
     schema_version: U32 = 0
+    write_policy: str = "always"
+    """``mailbox_write_policy`` the writer decided for this message (spec 10.2.3,
+    ``qim.core.fanout.write_policy``): "always" or "mention_only"; copied onto its dispatches."""
     e2ee: bool = False
     sealed_preview: bytes = b""
     """The session preview of an ordinary (non-custom, non-E2EE) message: the first

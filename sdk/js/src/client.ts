@@ -15,7 +15,7 @@
  *   RECALL / EDIT.
  */
 import { decodeMessage, encodeFrame, ProtocolError, type Body, type Frame } from './codec.js';
-import { SessionList, type SessionRow } from './sessions.js';
+import { HistoryCoverage, SessionList, type SessionRow } from './sessions.js';
 import { MemoryCursorStore, type CursorStore, type DeviceCursor } from './store.js';
 
 export const ERROR_CODES: Record<number, string> = {
@@ -132,6 +132,7 @@ function newClientMessageId(): string {
 
 export class QimClient {
   readonly sessions = new SessionList();
+  readonly coverage = new HistoryCoverage();
   state: 'connecting' | 'syncing' | 'online' | 'offline' | 'closed' = 'offline';
   authOk: Body | null = null;
   cursor: DeviceCursor = { token: new Uint8Array(0), lastAppliedMailboxSeq: 0 };
@@ -551,6 +552,27 @@ export class QimClient {
       conversation_id: conversationId, direction: opts.direction ?? 'older', anchor_conversation_seq: opts.anchor ?? 0,
       limit: opts.limit ?? 50,
     }, 'HISTORY_BATCH')).body;
+  }
+
+  /** AUTH_OK asked for PULL_SESSION_LIST before the list is rendered (§9.3.1, §10.2.3). */
+  get sessionListRequired(): boolean {
+    return this.authOk !== null && !this.authOk.projection_complete;
+  }
+
+  /**
+   * The §10.2.3 gap rule on entering a conversation: for a `mention_only` row, PULL_HISTORY
+   * `newer` pages from the covered seq up to latest_conversation_seq; returns the messages.
+   */
+  async enterConversation(conversationId: string, opts: { limit?: number; maxPages?: number } = {}): Promise<Body[]> {
+    const pulled: Body[] = [];
+    for (let page = 0; page < (opts.maxPages ?? 20); page++) {
+      const gap = this.coverage.gap(this.sessions.rows.get(conversationId));
+      if (!gap) break;
+      const batch = await this.pullHistory(conversationId, { direction: 'newer', anchor: gap[0], limit: opts.limit ?? 50 });
+      pulled.push(...((batch.messages as Body[] | undefined) ?? []));
+      if (this.coverage.filled(conversationId, gap[0], batch) <= gap[0]) break;
+    }
+    return pulled;
   }
 
   /** Every page of PULL_SESSION_LIST into `sessions`; restarts when the revision moves. */

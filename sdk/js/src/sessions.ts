@@ -21,6 +21,7 @@ export interface SessionRow {
   muted: boolean;
   archived: boolean;
   write_policy: string;
+  delivered_conversation_seq?: number;
   read_conversation_seq: number;
 }
 
@@ -59,6 +60,7 @@ export class SessionList {
       }
       Object.assign(local, {
         pin_rank: entry.pin_rank, muted: entry.muted, archived: entry.archived, write_policy: entry.write_policy,
+        delivered_conversation_seq: entry.delivered_conversation_seq,
         read_conversation_seq: Math.max(local.read_conversation_seq, entry.read_conversation_seq),
       });
     }
@@ -117,5 +119,34 @@ export class SessionList {
       if (pa !== pb) return pa - pb;
       return compareBytes(b.last_activity_id, a.last_activity_id) || (a.conversation_id < b.conversation_id ? -1 : 1);
     });
+  }
+}
+
+/**
+ * The gap rule of a `mention_only` conversation (§10.2.3 rules 2-3, §6.10.1), like
+ * qim.client.gaps: silent-period messages have no mailbox entry and seq differences must not be
+ * read as gaps, so the client keeps how far its history is known complete (`through`, moved only
+ * by PULL_HISTORY pages) and fills everything up to the row's latest_conversation_seq.
+ * `always` rows never ask.
+ */
+export class HistoryCoverage {
+  readonly through = new Map<string, number>();
+
+  gap(row: SessionRow | undefined): [number, number] | null {
+    if (!row || row.write_policy !== 'mention_only') return null;
+    const held = this.through.get(row.conversation_id) ?? 0;
+    const latest = num(row.latest_conversation_seq);
+    return held >= latest ? null : [held, latest];
+  }
+
+  /** A `newer` page pulled from `after`; returns the new `through`. */
+  filled(conversationId: string, after: number, batch: Body): number {
+    const held = this.through.get(conversationId) ?? 0;
+    if (after > held) return held;
+    const seqs = ((batch.messages as Body[] | undefined) ?? []).map((m) => num(m.conversation_seq));
+    const top = batch.has_more ? Math.max(after, ...seqs) : num(batch.latest_conversation_seq ?? 0);
+    const next = Math.max(held, top);
+    this.through.set(conversationId, next);
+    return next;
   }
 }

@@ -152,6 +152,40 @@ test('the session list takes pages, newer deltas only, READ_SYNC and badges', as
   c.close();
 });
 
+test('a mention_only row is filled through PULL_HISTORY up to latest_conversation_seq; always asks nothing', async () => {
+  const rows = [
+    { conversation_id: 'g:big', latest_conversation_seq: 7, last_activity_id: id16(7), unread_count: 5, unread_exact: false,
+      write_policy: 'mention_only', delivered_conversation_seq: 7 },
+    { conversation_id: 'g:team', latest_conversation_seq: 4, last_activity_id: id16(4), write_policy: 'always' },
+  ];
+  const pulls = [];
+  const server = fakeServer(standardHandlers([], {
+    extra: {
+      PULL_SESSION_LIST: (body, h, s, ws) => reply(ws, 'SESSION_LIST_BATCH', { sessions: rows, snapshot_revision: 1 }, h.requestId),
+      PULL_HISTORY: (body, h, s, ws) => {
+        pulls.push([body.conversation_id, body.direction, Number(body.anchor_conversation_seq)]);
+        const after = Number(body.anchor_conversation_seq);
+        const seqs = after === 0 ? [2, 5] : [7]; // sparse seqs are no gap
+        reply(ws, 'HISTORY_BATCH', {
+          messages: seqs.map((n) => ({ conversation_seq: n, payload_or_ciphertext: new TextEncoder().encode(`m${n}`) })),
+          latest_conversation_seq: 7, has_more: after === 0,
+        }, h.requestId);
+      },
+    },
+  }));
+  const c = new QimClient({ url: 'ws://x', token: 't', deviceId: 'd1', WebSocket: server.WebSocket });
+  await c.start();
+  await c.loadSessionList();
+  assert.equal(c.sessions.rows.get('g:big').delivered_conversation_seq, 7);
+  const got = await c.enterConversation('g:big');
+  assert.deepEqual(got.map((m) => Number(m.conversation_seq)), [2, 5, 7]);
+  assert.deepEqual(pulls, [['g:big', 'newer', 0], ['g:big', 'newer', 5]]);
+  assert.deepEqual(await c.enterConversation('g:big'), []);
+  assert.deepEqual(await c.enterConversation('g:team'), []);
+  assert.equal(pulls.length, 2);
+  c.close();
+});
+
 test('a missing PONG drops the link and the client logs in again', async () => {
   const server = fakeServer({
     ...standardHandlers([]),
