@@ -13,8 +13,10 @@ So trimming *carries* the trimmed entries the fold still needs, byte for byte, u
 WriteBatch; the rebuild folds carried and retained entries together, and the recount
 (``session_store.ShardMessageSource``) reads a message whose retention ended from the user's
 carried or retained entry, so a MARK_READ after the expiry counts what the rebuild counts.
-Per conversation, of the entries the fold reads (MENTION and user-state CONTROL entries, and
-those at or below their own visibility floor, have no effect) it keeps:
+Per conversation, of the entries the fold reads (MENTION entries without flags -- a flagged
+one is a silent member's only entry in the ``mention_only`` tier and counts like a primary --
+user-state CONTROL entries, and those at or below their own visibility floor, have no effect)
+it keeps:
 
 * the entry with the highest ``conversation_seq`` (latest position, ``last_message_id``) and
   the one with the highest ``last_activity_id`` among those that affect the order;
@@ -63,8 +65,8 @@ Row = tuple[EntryKey, StoredEntry]
 
 def _read(entry: StoredEntry) -> bool:
     """Whether the session fold reads this entry at all (``projection._Fold.entry``)."""
-    if entry.event_type == EventType.MENTION:
-        return False
+    if entry.event_type == EventType.MENTION and not entry.flags:
+        return False  # a flagged MENTION entry stands alone (mention_only tier, 10.2.3)
     if entry.conversation_seq <= entry.visibility_floor_conversation_seq:
         return False
     if entry.event_type == EventType.CONTROL:

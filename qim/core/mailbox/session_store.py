@@ -316,7 +316,7 @@ class ShardMessageSource:
             if (
                 entry.conversation_id == conversation_id
                 and entry.conversation_seq == seq
-                and entry.event_type != EventType.MENTION
+                and not _bare_mention(entry)
             ):
                 return entry
         return None
@@ -337,8 +337,15 @@ class ShardMessageSource:
             for key, e in rows
             if after_seq < e.conversation_seq <= upto_seq
             and key.mailbox_seq <= as_of
-            and e.event_type not in (EventType.CONTROL, EventType.MENTION)
+            and e.event_type != EventType.CONTROL
+            and not _bare_mention(e)
         ]
+
+
+def _bare_mention(entry: StoredEntry) -> bool:
+    """A MENTION entry beside its primary (no flags); a flagged one is a silent member's only
+    entry in the ``mention_only`` tier and stands for the message (10.2.3)."""
+    return entry.event_type == EventType.MENTION and not entry.flags
 
 
 def _entry_facts(entry: StoredEntry, removed: bool) -> MessageFacts:

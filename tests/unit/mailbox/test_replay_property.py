@@ -3,6 +3,7 @@
 Random dispatch logs -- direct and group messages, chunked slices reordered against the
 dispatches pinned to them (ADR-0017), re-appended duplicates, stale fencing epochs, mentions,
 recalls / edits / deletes of earlier messages (and their targets re-appended after them),
+``mention_only`` group messages and logins (the tier's active set and heads),
 a tiny entry cap and a one-day window so trims happen -- must give the same store bytes however
 the log is cut into batches, after a crash that loses an uncommitted batch, and whether
 retention sweeps run often or once.
@@ -66,7 +67,7 @@ def logs(draw: st.DrawFn) -> ShardLog:
     sent: list[GroupDispatch] = []
     for n in range(1, draw(st.integers(1, 30)) + 1):
         now += draw(st.integers(0, DAY_MS))
-        kinds = ["direct", "group", "version", "dup", "epoch", "notice", "amend", "read"]
+        kinds = ["direct", "group", "version", "dup", "epoch", "notice", "amend", "read", "online"]
         kind = draw(st.sampled_from(kinds))
         messages = [m for m in sent if m.event_type == 0 and m.amend_action is None]
         group = draw(st.sampled_from(GROUPS))
@@ -89,6 +90,9 @@ def logs(draw: st.DrawFn) -> ShardLog:
                 committed_at=now,
                 template=EventTemplate(mention_targets=mentions),
             )
+            # the mention_only tier (10.2.3): silent members' entries depend on the log only
+            policy = draw(st.sampled_from(["always", "mention_only"]))
+            d = msgspec.structs.replace(d, write_policy=policy)
         elif kind == "epoch":
             epochs[group] += 1
             d = dispatch(
@@ -150,6 +154,19 @@ def logs(draw: st.DrawFn) -> ShardLog:
                     target_mailbox_shard=CONFIG.mailbox_shard,
                     committed_at=now,
                     read_conversation_seq=draw(st.integers(0, max(group_seq.values()) + n)),
+                )
+            )
+            continue
+        elif kind == "online":  # a login of a read-diffusion member: activity only
+            records.append(
+                UserStateCommand(
+                    tenant_id=T,
+                    user_id=draw(st.sampled_from(USERS[:-1])),
+                    conversation_id="",
+                    action="online",
+                    command_id=n.to_bytes(16, "big"),
+                    target_mailbox_shard=CONFIG.mailbox_shard,
+                    committed_at=now,
                 )
             )
             continue
