@@ -264,7 +264,7 @@ def _shown(p: UserProjection) -> tuple[object, ...]:
     return rows, p.badge.sums
 
 
-@FAST
+@settings(FAST, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(log=logs(), every=cuts)
 def test_12_2_every_list_rebuilds_identically_after_any_trims(
     log: ShardLog, every: list[int]
