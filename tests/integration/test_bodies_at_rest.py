@@ -42,7 +42,10 @@ def files_holding(root: Path, needle: bytes, suffixes: tuple[str, ...] = ()) -> 
     """Every file under ``root`` (with one of ``suffixes``, if given) whose bytes hold
     ``needle``."""
     found = []
-    for path in root.rglob("*"):
+    # os.walk, not rglob: a topic the broker deletes meanwhile (its "-delete" folder) would
+    # make rglob raise; os.walk skips a folder that vanished
+    paths = (Path(d) / f for d, _, files in os.walk(root) for f in files)
+    for path in paths:
         if not path.is_file() or (suffixes and not path.name.endswith(suffixes)):
             continue
         try:
