@@ -64,6 +64,7 @@ from qim.core.keys import (
 )
 from qim.core.keys.ring import KeyRecord
 from qim.schemas.frames.mailbox import SyncEntry
+from qim.streams.fetching import start_follower
 from qim.streams.transit import load_key_file
 
 __all__ = [
@@ -253,19 +254,10 @@ class KeyTopicFollower:
         self._tp = TopicPartition(topic, 0)
 
     async def start(self, catch_up_timeout_s: float = 30.0) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            client_id=self.client_id,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            metadata_max_age_ms=5000,
-            fetch_max_wait_ms=200,
+        consumer = await start_follower(
+            self.bootstrap, self.client_id, [self._tp], fetch_max_wait_ms=200
         )
-        await consumer.start()
         self._consumer = consumer
-        consumer.assign([self._tp])
-        await consumer.seek_to_beginning(self._tp)
         if self.create:
             self._producer = AIOKafkaProducer(
                 bootstrap_servers=self.bootstrap,

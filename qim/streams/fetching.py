@@ -18,6 +18,8 @@ import os
 from collections.abc import Mapping
 from typing import Final
 
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
 FETCH_MIN_BYTES: Final = 1
 FETCH_MAX_WAIT_MS: Final = 100
 
@@ -30,3 +32,24 @@ def hot_fetch(env: Mapping[str, str] | None = None) -> dict[str, int]:
     if min_bytes < 1 or max_wait < 0:
         raise ValueError("QIM_FETCH_MIN_BYTES must be >= 1 and QIM_FETCH_MAX_WAIT_MS >= 0")
     return {"fetch_min_bytes": min_bytes, "fetch_max_wait_ms": max_wait}
+
+
+async def start_follower(
+    bootstrap: str, client_id: str, tps: list[TopicPartition], *, fetch_max_wait_ms: int
+) -> AIOKafkaConsumer:
+    """A started consumer outside any group, assigned ``tps`` and at their beginning: how a
+    process folds a small compacted topic (keys, quotas, room definitions) whole, then
+    follows it."""
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap,
+        client_id=client_id,
+        group_id=None,
+        enable_auto_commit=False,
+        auto_offset_reset="earliest",
+        metadata_max_age_ms=5000,
+        fetch_max_wait_ms=fetch_max_wait_ms,
+    )
+    await consumer.start()
+    consumer.assign(tps)
+    await consumer.seek_to_beginning(*tps)
+    return consumer

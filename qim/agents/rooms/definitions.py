@@ -18,6 +18,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from qim.core.rooms.writer import RoomKey
 from qim.schemas.records.rooms import RoomDefinition, decode_room_definition
+from qim.streams.fetching import start_follower
 
 __all__ = ["RoomDefinitions"]
 
@@ -35,20 +36,9 @@ class RoomDefinitions:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, catch_up_timeout_s: float = 30.0) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            client_id=self.client_id,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            metadata_max_age_ms=5000,
-            fetch_max_wait_ms=100,
-        )
-        await consumer.start()
-        self._consumer = consumer
         tp = TopicPartition(self.topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
+        consumer = await start_follower(self.bootstrap, self.client_id, [tp], fetch_max_wait_ms=100)
+        self._consumer = consumer
         try:
             ends = await asyncio.wait_for(consumer.end_offsets([tp]), catch_up_timeout_s)
             await asyncio.wait_for(self._catch_up(consumer, tp, ends[tp]), catch_up_timeout_s)

@@ -21,6 +21,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from qim.core.conversation.quota import UserKey
 from qim.schemas.records.user_quota import decode_user_quota
+from qim.streams.fetching import start_follower
 
 __all__ = ["UserQuotaFollower"]
 
@@ -42,20 +43,9 @@ class UserQuotaFollower:
         self._task: asyncio.Task[None] | None = None
 
     async def start(self, catch_up_timeout_s: float = 30.0) -> None:
-        consumer = AIOKafkaConsumer(
-            bootstrap_servers=self.bootstrap,
-            client_id=self.client_id,
-            group_id=None,
-            enable_auto_commit=False,
-            auto_offset_reset="earliest",
-            metadata_max_age_ms=5000,
-            fetch_max_wait_ms=200,
-        )
-        await consumer.start()
-        self._consumer = consumer
         tps = [TopicPartition(self.topic, p) for p in range(self.partitions)]
-        consumer.assign(tps)
-        await consumer.seek_to_beginning(*tps)
+        consumer = await start_follower(self.bootstrap, self.client_id, tps, fetch_max_wait_ms=200)
+        self._consumer = consumer
         try:
             ends = await asyncio.wait_for(consumer.end_offsets(tps), catch_up_timeout_s)
             await asyncio.wait_for(self._catch_up(consumer, ends), catch_up_timeout_s)
